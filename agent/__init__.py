@@ -1,0 +1,1 @@
+"""kopt.agent: profile → propose → verify → benchmark → remember. Packaged as ``kopt.agent``."""

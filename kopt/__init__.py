@@ -1,0 +1,23 @@
+"""kopt: verified graph rewrites and fused kernels for PyTorch inference.
+
+    import kopt
+    fast = kopt.compile(transformer, passes="auto")
+    print(fast.kopt_report)
+"""
+
+from kopt.api import KoptModule, compile, make_backend
+from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError, last_backend_report
+from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
+from kopt.passes.by_example import Rule, RewritePass
+from kopt.passes.pipeline import available_passes, default_pipeline
+from kopt.report import Report
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompileOptions", "Contract", "ContractKind", "FunctionPass", "KoptBackend", "KoptModule",
+    "Lowering", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
+    "VerificationFailed", "WeightChange", "WeightsChangedError", "available_passes", "compile",
+    "default_pipeline", "last_backend_report", "make_backend",
+]

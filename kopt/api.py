@@ -1,0 +1,108 @@
+"""``kopt.compile``: the main entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kopt.backend import KoptBackend
+from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.passes.pipeline import PassSpec
+from kopt.report import Report
+
+
+def _enum(kind: type, value: Any, argument: str) -> Any:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = [member.value for member in kind]  # type: ignore[attr-defined]
+        raise ValueError(f"{argument}={value!r}: expected one of {choices}") from None
+
+
+def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.INDUCTOR,
+                 verify: bool = False, strict: bool = False,
+                 roles: Mapping[str, Role | str] | None = None,
+                 on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
+                 trace: str | Path | None = None, fuel: int | None = None) -> KoptBackend:
+    """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
+    options = CompileOptions.from_environment(
+        lower=_enum(Lowering, lower, "lower"),
+        verify=verify,
+        strict=strict,
+        roles=tuple((name, _enum(Role, role, f"roles[{name!r}]")) for name, role in (roles or {}).items()),
+        on_weight_change=_enum(WeightChange, on_weight_change, "on_weight_change"),
+        trace_dir=Path(trace) if trace is not None else None,
+        fuel=fuel,
+    )
+    return KoptBackend(passes, options)
+
+
+class KoptModule(torch.nn.Module):
+    """A compiled module: call it like the original; ``kopt_report`` says what kopt did.
+
+    Attributes of the original module (``config``, ``dtype``, ...) are reachable through it, and
+    its ``state_dict`` is the original's under the ``_orig_mod.`` prefix, as with ``torch.compile``.
+    """
+
+    def __init__(self, module: torch.nn.Module, backend: KoptBackend, *, fullgraph: bool,
+                 dynamic: bool | None) -> None:
+        super().__init__()
+        self._orig_mod = module
+        object.__setattr__(self, "_kopt_backend", backend)
+        object.__setattr__(self, "_kopt_compiled",
+                           torch.compile(module, backend=backend, fullgraph=fullgraph, dynamic=dynamic))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kopt_compiled(*args, **kwargs)
+
+    @property
+    def kopt_report(self) -> Report:
+        """Per graph: inputs and their roles, each pass's matches, near misses, node changes, time."""
+        return self._kopt_backend.report
+
+    def kopt_refresh(self) -> None:
+        """Re-capture with the module's current weights at the next call (after a LoRA swap)."""
+        self._kopt_backend.refresh()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+
+def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
+            lower: Lowering | str = Lowering.INDUCTOR, verify: bool = False, strict: bool = False,
+            roles: Mapping[str, Role | str] | None = None,
+            on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
+            trace: str | Path | None = None, fuel: int | None = None,
+            fullgraph: bool = False, dynamic: bool | None = False) -> KoptModule:
+    """Compile ``model`` for inference with kopt's verified graph rewrites.
+
+    Args:
+        model: the module to speed up (inference only: weights are frozen into the graph).
+        passes: ``"auto"`` (the default pipeline), a list mixing pass names and
+            :class:`kopt.Pass` objects, or ``[]`` to capture and lower only.
+        lower: ``"inductor"`` (default) or ``"eager"`` (run the rewritten graph op by op).
+        verify: on the first call, compare the rewritten graph against the original on the same
+            inputs and fall back to the original if any pass's contract is broken.
+        strict: raise instead of skipping a pass that fails (or a failed verification).
+        roles: binding time per forward argument (``{"timestep": "step-invariant"}``); arguments
+            not named are inferred from their names, and the report says how.
+        on_weight_change: what to do when frozen weights change after compiling:
+            ``"recompile"`` (default), ``"raise"`` or ``"ignore"``.
+        trace: folder for each pass's graph before/after (``KOPT_DEBUG=1`` uses ``kopt_debug``).
+        fuel: apply only the first ``fuel`` rewrites (``KOPT_FUEL``), to bisect numerics.
+        fullgraph, dynamic: passed to ``torch.compile``; kopt rewrites static-shape graphs.
+
+    Returns:
+        A :class:`KoptModule`; compilation happens at the first call.
+    """
+    backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
+                           on_weight_change=on_weight_change, trace=trace, fuel=fuel)
+    return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic)

@@ -1,0 +1,183 @@
+"""The dynamo backend: capture → passes → (verify) → lower, once per dynamo graph.
+
+``torch.compile(model, backend="kopt")`` reaches :func:`kopt_backend` through the
+``torch_dynamo_backends`` entry point, without importing kopt first. :func:`kopt.compile` builds a
+:class:`KoptBackend` of its own so that each compiled module has its own report and options.
+
+Weights are frozen into the rewritten graph, so a compiled graph checks on every call that each
+frozen tensor is still the same storage at the same version (``Tensor._version`` counts in-place
+writes, which is how ``load_state_dict`` and LoRA fusing change weights) and then follows
+``CompileOptions.on_weight_change``. When no rewrite fired, the original dynamo graph is lowered
+exactly as plain ``torch.compile`` would, with weights as ordinary inputs and no check at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from kopt.config import CompileOptions, Lowering, WeightChange
+from kopt.fx.capture import CaptureUnsupported, CapturedGraph, capture
+from kopt.fx.roles import InputRole, classify_inputs
+from kopt.lower import lower
+from kopt.passes.base import Contract, Fuel, Pass
+from kopt.passes.manager import run_passes
+from kopt.passes.pipeline import PassSpec, resolve
+from kopt.report import GraphReport, Report
+from kopt.verify import compare
+
+
+class WeightsChangedError(RuntimeError):
+    """Frozen weights changed after compiling and ``on_weight_change=WeightChange.RAISE``."""
+
+
+class VerificationFailed(RuntimeError):
+    """``verify=True`` and ``strict=True``, and the rewritten graph broke a pass's contract."""
+
+
+def _graph_breaks() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return dict(counters.get("graph_break", {}))
+
+
+class CompiledGraph:
+    """One dynamo graph, compiled; callable with dynamo's argument list."""
+
+    def __init__(self, backend: KoptBackend, dynamo_graph: torch.fx.GraphModule,
+                 example_inputs: list[Any], report: GraphReport) -> None:
+        self.backend, self.dynamo_graph, self.report = backend, dynamo_graph, report
+        self._build(example_inputs)
+
+    def _build(self, example_inputs: list[Any]) -> None:
+        options = self.backend.options
+        placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
+        roles = classify_inputs(placeholders, example_inputs, dict(options.roles))
+        self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
+                              for r in roles]
+        self.report.passes, self.report.verification, self.report.fallback = [], [], None
+        self.captured: CapturedGraph | None = None
+        self._signature: list[tuple[int, int, int]] = []
+        start = time.perf_counter()
+        rewritten = self._capture_and_rewrite(example_inputs, roles)
+        self.report.capture_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        self.report.lowering = options.lower.value
+        if rewritten is not None and self._verified(example_inputs, rewritten):
+            self.captured = rewritten
+            self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
+            self.runner = lower(rewritten.graph_module, rewritten.user_args(example_inputs), options.lower)
+        else:
+            original = self.dynamo_graph.forward if options.lower is Lowering.EAGER else None
+            self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
+            if rewritten is None and not self.report.fallback:
+                self.report.lowering += " (original graph: no rewrite fired)"
+        self.report.compile_seconds = time.perf_counter() - start
+        self.generation = self.backend.generation
+
+    def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole]) -> CapturedGraph | None:
+        options = self.backend.options
+        try:
+            captured = capture(self.dynamo_graph, example_inputs, roles)
+        except CaptureUnsupported as reason:
+            self.report.fallback = f"capture unsupported: {reason}"
+            return None
+        self.report.passes = run_passes(captured.graph_module, self.backend.passes,
+                                        graph_index=self.report.index, strict=options.strict,
+                                        fuel=self.backend.fuel, trace_dir=options.trace_dir)
+        fired = any(record.total_matches for record in self.report.passes)
+        return captured if fired else None
+
+    def _verified(self, example_inputs: list[Any], rewritten: CapturedGraph) -> bool:
+        if not self.backend.options.verify:
+            return True
+        contract = Contract.exact()
+        for record, rewrite in zip(self.report.passes, self.backend.passes):
+            if record.total_matches:
+                contract = contract.combine(rewrite.contract)
+        with torch.no_grad():
+            reference = self.dynamo_graph(*example_inputs)
+            candidate = rewritten.graph_module(*rewritten.user_args(example_inputs))
+        checks = compare(candidate, reference, contract)
+        self.report.verification = [dict(output=c.output, rel_err=c.rel_err, cosine=c.cosine, ok=c.ok,
+                                         verdict=c.verdict) for c in checks]
+        failed = [c for c in checks if not c.ok]
+        if not failed:
+            return True
+        self.report.fallback = (f"verification failed against contract {contract.describe()}: "
+                                + "; ".join(f"output {c.output}: {c.verdict}" for c in failed))
+        if self.backend.options.strict:
+            raise VerificationFailed(self.report.fallback)
+        return False
+
+    def _weights_changed(self, args: Sequence[Any]) -> bool:
+        for index, version, pointer in self._signature:
+            tensor = args[index]
+            if tensor._version != version or tensor.data_ptr() != pointer:
+                return True
+        return False
+
+    def __call__(self, *args: Any) -> Any:
+        stale = self.generation != self.backend.generation
+        if stale or (self._signature and self._weights_changed(args)):
+            policy = self.backend.options.on_weight_change
+            if policy is WeightChange.RAISE and not stale:
+                raise WeightsChangedError(
+                    "weights frozen into the kopt graph changed after compiling; call "
+                    "module.kopt_refresh() or compile with on_weight_change=WeightChange.RECOMPILE")
+            if policy is not WeightChange.IGNORE or stale:
+                self.report.weight_refreshes += 1
+                self._build(list(args))
+        if self.captured is not None:
+            return self.runner(*self.captured.user_args(args))
+        return self.runner(*args)
+
+
+class KoptBackend:
+    """A dynamo backend with its own passes, options and report."""
+
+    def __init__(self, passes: PassSpec = "auto", options: CompileOptions | None = None) -> None:
+        self.passes: list[Pass] = resolve(passes)  # resolved now: a typo fails at compile(), not later
+        self.options = options or CompileOptions.from_environment()
+        self.fuel = Fuel(self.options.fuel)
+        self.report = Report()
+        self.generation = 0
+        self._breaks_before = _graph_breaks()
+
+    def refresh(self) -> None:
+        """Re-capture every compiled graph on its next call (after changing weights by hand)."""
+        self.generation += 1
+
+    def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        graph_report = GraphReport(index=len(self.report.graphs), inputs=[])
+        self.report.graphs.append(graph_report)
+        now = _graph_breaks()
+        self.report.graph_breaks = [f"{reason} (×{count - self._breaks_before.get(reason, 0)})"
+                                    for reason, count in now.items()
+                                    if count > self._breaks_before.get(reason, 0)]
+        return CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+
+
+_ENTRY_POINT_BACKEND: KoptBackend | None = None
+
+
+def kopt_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any],
+                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """``torch.compile(model, backend="kopt", options={...})``: the default pipeline, or ``options``
+    with the keyword arguments of :func:`kopt.compile` (``passes``, ``lower``, ``verify``, ...)."""
+    global _ENTRY_POINT_BACKEND
+    if options:
+        from kopt.api import make_backend
+
+        return make_backend(**options)(graph_module, example_inputs)
+    if _ENTRY_POINT_BACKEND is None:
+        _ENTRY_POINT_BACKEND = KoptBackend()
+    return _ENTRY_POINT_BACKEND(graph_module, example_inputs)
+
+
+def last_backend_report() -> Report | None:
+    """The report of graphs compiled through ``backend="kopt"`` in this process (None if none)."""
+    return None if _ENTRY_POINT_BACKEND is None else _ENTRY_POINT_BACKEND.report

@@ -1,0 +1,1 @@
+"""kopt.codegen: fused FX regions → Triton source → registered torch ops."""

@@ -1,0 +1,71 @@
+"""Typed options for :func:`kopt.compile`; no bare strings where a name can be mistyped silently."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from pathlib import Path
+
+
+class Lowering(enum.Enum):
+    """What runs the rewritten graph."""
+
+    INDUCTOR = "inductor"  # torch.compile's own code generator (default: fuses what kopt leaves)
+    EAGER = "eager"  # run the rewritten FX graph op by op (fast to compile; tests, debugging)
+
+
+class WeightChange(enum.Enum):
+    """What a compiled module does when a frozen weight changed after compiling (LoRA swap, load)."""
+
+    RECOMPILE = "recompile"  # capture and rewrite again with the new weights (correct, slow once)
+    RAISE = "raise"  # raise WeightsChangedError; call ``kopt_refresh()`` yourself
+    IGNORE = "ignore"  # keep using the weights seen at compile time (fastest; your responsibility)
+
+
+class Role(enum.Enum):
+    """Binding time of a graph input: when its value can change."""
+
+    CONSTANT = "constant"  # parameters, buffers: fixed after compiling
+    STEP_INVARIANT = "step-invariant"  # timestep, guidance, position ids: same for both CFG calls
+    PER_CALL = "per-call"  # latents, prompt embeddings
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """Everything :func:`kopt.compile` and the ``kopt`` backend need, resolved once.
+
+    Attributes:
+        lower: what runs the rewritten graph.
+        verify: on the first call run the original and the rewritten graph on the same inputs,
+            check every output against the passes' contracts, fall back to the original on a
+            violation.
+        strict: a pass that raises (or a verification failure) raises instead of being skipped.
+        roles: explicit binding time per forward argument name; others are inferred.
+        on_weight_change: policy when frozen weights change after compiling.
+        trace_dir: where to write each pass's graph before/after (``KOPT_DEBUG=1`` sets ``kopt_debug``).
+        fuel: apply only the first N rewrites (``KOPT_FUEL``), to bisect a numerics bug to one rewrite.
+    """
+
+    lower: Lowering = Lowering.INDUCTOR
+    verify: bool = False
+    strict: bool = False
+    roles: tuple[tuple[str, Role], ...] = ()
+    on_weight_change: WeightChange = WeightChange.RECOMPILE
+    trace_dir: Path | None = None
+    fuel: int | None = None
+
+    @staticmethod
+    def from_environment(**overrides: object) -> CompileOptions:
+        """Defaults, then ``KOPT_DEBUG`` / ``KOPT_FUEL`` from the environment, then ``overrides``."""
+        values: dict[str, object] = {}
+        if os.environ.get("KOPT_DEBUG", "") not in ("", "0"):
+            debug = os.environ["KOPT_DEBUG"]
+            values["trace_dir"] = Path("kopt_debug" if debug == "1" else debug)
+        if os.environ.get("KOPT_FUEL"):
+            values["fuel"] = int(os.environ["KOPT_FUEL"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return CompileOptions(**values)  # type: ignore[arg-type]
+
+    def role_for(self, name: str) -> Role | None:
+        return dict(self.roles).get(name)

@@ -1,0 +1,1 @@
+"""Graph capture and FX helpers."""

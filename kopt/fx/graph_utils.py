@@ -1,0 +1,86 @@
+"""Small graph helpers shared by every pass: replace with provenance, op census, meta refresh."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+PROVENANCE = "kopt_provenance"
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """A short stable name for what a node computes (``aten.mm``, ``getitem``, ``placeholder``)."""
+    if node.op != "call_function":
+        return node.op
+    target = node.target
+    overload = getattr(target, "overloadpacket", None)
+    if overload is not None:
+        return f"{overload._qualified_op_name.replace('::', '.')}"
+    return getattr(target, "__name__", str(target))
+
+
+def op_kind(node: torch.fx.Node) -> str:
+    """Coarse class of a node for the report: gemm, attention, norm, view, copy, elementwise, ..."""
+    name = op_name(node)
+    if node.op != "call_function":
+        return node.op
+    short = name.split(".")[-1]
+    if short in {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm"}:
+        return "gemm"
+    if "attention" in short:
+        return "attention"
+    if "norm" in short:
+        return "norm"
+    if short in {"view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze",
+                 "squeeze", "slice", "select", "split", "split_with_sizes", "unbind", "getitem",
+                 "view_as_complex", "view_as_real", "alias", "chunk"}:
+        return "view"
+    if short in {"cat", "stack", "clone", "_to_copy", "copy", "contiguous", "index_select", "gather"}:
+        return "copy"
+    if name.startswith("kopt."):
+        return "kopt"
+    return "elementwise/other"
+
+
+def census(graph: torch.fx.Graph) -> dict[str, int]:
+    """Node counts by kind (``op_kind``), plus ``nodes`` for the total."""
+    counts = collections.Counter(op_kind(n) for n in graph.nodes)
+    counts["nodes"] = len(graph.nodes)
+    return dict(sorted(counts.items()))
+
+
+def replace(node: torch.fx.Node, new: torch.fx.Node, *, pass_name: str, rule: str) -> None:
+    """Replace every use of ``node`` by ``new``, stamping provenance and keeping the old metadata."""
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in node.meta and key not in new.meta:
+            new.meta[key] = node.meta[key]
+    stamp(new, pass_name=pass_name, rule=rule)
+    node.replace_all_uses_with(new)
+
+
+def stamp(node: torch.fx.Node, *, pass_name: str, rule: str) -> None:
+    """Record which pass and rule created ``node`` (kept by later passes, shown by ``kopt explain``)."""
+    node.meta.setdefault(PROVENANCE, []).append(f"{pass_name}:{rule}")
+
+
+def created_by(graph: torch.fx.Graph, pass_name: str) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if any(p.startswith(pass_name + ":") for p in n.meta.get(PROVENANCE, ()))]
+
+
+def refresh_meta(graph_module: torch.fx.GraphModule, example_fakes: Iterable[object] | None = None) -> None:
+    """Recompute ``meta["val"]`` on every node with FakeTensor propagation (shapes after a rewrite)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    if example_fakes is None:
+        example_fakes = [n.meta["val"] for n in placeholders]
+    inputs = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in example_fakes]
+    FakeTensorProp(graph_module, mode).propagate_dont_convert_inputs(*inputs)
+
+
+def missing_meta(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Nodes without FakeTensor metadata (a lint used between passes in tests)."""
+    return [n for n in graph.nodes if n.op != "output" and "val" not in n.meta]

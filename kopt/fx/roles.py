@@ -1,0 +1,83 @@
+"""Which dynamo graph input is which: module state (constant) or a forward argument, and its role.
+
+Dynamo names every graph input by the Python expression it came from (its *source*), e.g.
+``L['self']._modules['attn']._parameters['weight']`` or ``L['kwargs']['timestep']``. Anything read
+from the module (``L['self']``) is module state and becomes a constant; a forward argument gets the
+role given explicitly, else one inferred from its name, and the report says which rule decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+
+from kopt.config import Role
+
+_ARGUMENT = re.compile(r"^L\[(?:'kwargs'\]\[)?'(?P<name>[^']+)'\]")
+
+# Names whose value is the same for every call of a denoising step (both CFG halves) and, for
+# position ids, for every step: the binding-time analysis may hoist and memoize what they feed.
+_STEP_INVARIANT = (
+    (re.compile(r"(^|_)(timesteps?|t|sigmas?|noise_level)$"), "diffusion timestep"),
+    (re.compile(r"guidance"), "guidance scale/embedding input"),
+    (re.compile(r"(^|_)(img|txt|image|text|position|pos)_(ids|shapes)$|^position_ids$|^img_shapes$"),
+     "position ids: identical across denoising steps"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRole:
+    """The binding time of one graph input and the rule that decided it."""
+
+    index: int
+    source: str
+    argument: str | None
+    role: Role
+    reason: str
+
+
+def source_name(node: torch.fx.Node) -> str:
+    """Dynamo's source expression for a placeholder, or its node name if dynamo left none."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    if source is None:
+        return node.name
+    name = source.name
+    return name() if callable(name) else str(name)
+
+
+def argument_name(source: str) -> str | None:
+    """The forward argument a source reads (``L['timestep']`` -> ``timestep``), None for module state."""
+    if source.startswith("L['self']"):
+        return None
+    match = _ARGUMENT.match(source)
+    return match.group("name") if match else None
+
+
+def infer_role(argument: str) -> tuple[Role, str]:
+    """Role of a forward argument from its name alone."""
+    for pattern, why in _STEP_INVARIANT:
+        if pattern.search(argument):
+            return Role.STEP_INVARIANT, f"inferred from the name '{argument}': {why}"
+    return Role.PER_CALL, f"inferred from the name '{argument}': default for forward arguments"
+
+
+def classify_inputs(placeholders: list[torch.fx.Node], example_inputs: list[object],
+                    explicit: dict[str, Role]) -> list[InputRole]:
+    """One :class:`InputRole` per graph input, in order."""
+    roles = []
+    for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        source = source_name(node)
+        argument = argument_name(source)
+        if isinstance(value, torch.nn.Parameter) or (argument is None and source.startswith("L['self']")):
+            roles.append(InputRole(index, source, None, Role.CONSTANT, "module parameter or buffer"))
+        elif argument is not None and argument in explicit:
+            roles.append(InputRole(index, source, argument, explicit[argument], "given in roles="))
+        elif argument is not None:
+            role, why = infer_role(argument)
+            roles.append(InputRole(index, source, argument, role, why))
+        else:
+            roles.append(InputRole(index, source, None, Role.PER_CALL, "unrecognised source: per-call"))
+    return roles

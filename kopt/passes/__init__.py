@@ -1,0 +1,1 @@
+"""Graph rewrite passes; the order lives in :mod:`kopt.passes.pipeline`."""

@@ -1,0 +1,137 @@
+"""What a pass is: a named graph rewrite with a reason it is valid and a numeric contract.
+
+A pass mutates an ATen ``GraphModule`` in place and reports through a :class:`PassContext`: each
+rewrite it applies (``ctx.fire``, which also spends optimization fuel) and each place it looked at
+and declined, with the reason (``ctx.decline``; these near misses feed ``kopt explain``).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Callable
+
+import torch
+
+
+class ContractKind(enum.Enum):
+    EXACT = "exact"  # bit-identical outputs
+    TOLERANCE = "tolerance"  # bounded relative error, stated
+    QUALITY = "quality"  # lossy (e.g. FP8), gated by a quality metric
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """The numeric promise a pass makes; ``verify=True`` checks outputs against it."""
+
+    kind: ContractKind
+    rel_tol: float = 0.0
+    min_cosine: float = 1.0
+
+    @staticmethod
+    def exact() -> Contract:
+        return Contract(ContractKind.EXACT)
+
+    @staticmethod
+    def tolerance(rel_tol: float) -> Contract:
+        """Relative error ``||out - ref|| / ||ref||`` at most ``rel_tol`` (per output, in the output dtype)."""
+        return Contract(ContractKind.TOLERANCE, rel_tol=rel_tol)
+
+    @staticmethod
+    def quality(min_cosine: float, rel_tol: float) -> Contract:
+        return Contract(ContractKind.QUALITY, rel_tol=rel_tol, min_cosine=min_cosine)
+
+    def describe(self) -> str:
+        if self.kind is ContractKind.EXACT:
+            return "exact"
+        if self.kind is ContractKind.TOLERANCE:
+            return f"tolerance (rel ≤ {self.rel_tol:g})"
+        return f"quality (cos ≥ {self.min_cosine:g}, rel ≤ {self.rel_tol:g})"
+
+    def combine(self, other: Contract) -> Contract:
+        """The contract of applying both: the looser kind, added error bounds, lower cosine floor."""
+        kind = max(self.kind, other.kind, key=lambda k: list(ContractKind).index(k))
+        return Contract(kind, rel_tol=self.rel_tol + other.rel_tol,
+                        min_cosine=min(self.min_cosine, other.min_cosine))
+
+
+@dataclasses.dataclass(frozen=True)
+class NearMiss:
+    """A place a rule looked at and declined, and why."""
+
+    rule: str
+    node: str
+    reason: str
+
+
+class OutOfFuel(Exception):
+    """Raised by :meth:`Fuel.spend` when the rewrite budget is used up."""
+
+
+@dataclasses.dataclass
+class Fuel:
+    """A shared budget of rewrites (``KOPT_FUEL=N``); ``None`` means unlimited."""
+
+    remaining: int | None = None
+
+    def spend(self) -> None:
+        if self.remaining is None:
+            return
+        if self.remaining <= 0:
+            raise OutOfFuel
+        self.remaining -= 1
+
+
+@dataclasses.dataclass
+class PassContext:
+    """What a running pass reports into: rewrites applied, near misses, free-form notes."""
+
+    pass_name: str
+    fuel: Fuel = dataclasses.field(default_factory=Fuel)
+    matches: dict[str, int] = dataclasses.field(default_factory=dict)
+    near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def fire(self, rule: str, node: torch.fx.Node | str) -> bool:
+        """Ask to apply ``rule`` at ``node``; False (and a near miss) once fuel runs out."""
+        try:
+            self.fuel.spend()
+        except OutOfFuel:
+            self.decline(rule, node, "out of optimization fuel (KOPT_FUEL)")
+            return False
+        self.matches[rule] = self.matches.get(rule, 0) + 1
+        return True
+
+    def decline(self, rule: str, node: torch.fx.Node | str, reason: str) -> None:
+        self.near_misses.append(NearMiss(rule, getattr(node, "name", str(node)), reason))
+
+    @property
+    def total_matches(self) -> int:
+        return sum(self.matches.values())
+
+
+class Pass(abc.ABC):
+    """A graph rewrite. Subclasses set ``name``, ``why`` and ``contract`` and implement ``apply``."""
+
+    name: str
+    why: str
+    contract: Contract
+
+    @abc.abstractmethod
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        """Rewrite ``graph_module`` in place, reporting every rewrite and near miss into ``ctx``."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {self.contract.describe()}>"
+
+
+class FunctionPass(Pass):
+    """A pass from a plain function ``fn(graph_module, ctx)``, for user passes that need no class."""
+
+    def __init__(self, name: str, why: str, contract: Contract,
+                 fn: Callable[[torch.fx.GraphModule, PassContext], None]) -> None:
+        self.name, self.why, self.contract, self._fn = name, why, contract, fn
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        self._fn(graph_module, ctx)

@@ -1,0 +1,84 @@
+"""Run an ordered list of passes over one captured graph, safely and observably.
+
+Each pass runs on the graph in place; if it raises, the graph is restored from a structural copy
+taken before it, the failure is recorded and the next pass runs (``strict=True`` raises instead).
+After a pass that rewrote something, the graph is linted and FakeTensor metadata is recomputed, so
+the next pass sees correct shapes on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from kopt.fx.graph_utils import census, missing_meta, refresh_meta
+from kopt.passes.base import Fuel, Pass, PassContext
+from kopt.report import PassRecord
+
+
+class PassFailed(RuntimeError):
+    """A pass raised while ``strict=True``."""
+
+
+def _snapshot(graph: torch.fx.Graph) -> torch.fx.Graph:
+    copy = torch.fx.Graph(owning_module=graph.owning_module)
+    copy._codegen = graph._codegen
+    output = copy.graph_copy(graph, {})
+    copy.output(output)
+    return copy
+
+
+def _dump(trace_dir: Path | None, graph_index: int, stem: str, graph_module: torch.fx.GraphModule) -> None:
+    if trace_dir is None:
+        return
+    folder = trace_dir / f"graph{graph_index}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.txt").write_text(str(graph_module.graph))
+
+
+def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_index: int = 0,
+               strict: bool = False, fuel: Fuel | None = None,
+               trace_dir: Path | None = None) -> list[PassRecord]:
+    """Apply ``passes`` in order to ``graph_module``; one :class:`PassRecord` per pass."""
+    fuel = fuel or Fuel()
+    records = []
+    for position, rewrite in enumerate(passes):
+        stem = f"{position:02d}_{rewrite.name}"
+        before = census(graph_module.graph)
+        saved = _snapshot(graph_module.graph)
+        ctx = PassContext(rewrite.name, fuel)
+        _dump(trace_dir, graph_index, stem + "_before", graph_module)
+        start = time.perf_counter()
+        try:
+            rewrite.apply(graph_module, ctx)
+            graph_module.graph.lint()
+            graph_module.recompile()
+            if ctx.total_matches:
+                refresh_meta(graph_module)
+                unknown = missing_meta(graph_module.graph)
+                if unknown:
+                    raise RuntimeError(f"no shape metadata on {[n.name for n in unknown[:5]]} after the pass")
+            status = "applied" if ctx.total_matches else "no match"
+            if not ctx.total_matches and any("fuel" in m.reason for m in ctx.near_misses):
+                status = "out of fuel"
+        except Exception as error:  # a broken pass must never break the user's model
+            if strict:
+                raise PassFailed(f"pass {rewrite.name!r} raised: {error}") from error
+            graph_module.graph = saved
+            graph_module.recompile()
+            status = f"skipped: {type(error).__name__}: {error}"
+            ctx.matches.clear()
+        seconds = time.perf_counter() - start
+        _dump(trace_dir, graph_index, stem + "_after", graph_module)
+        record = PassRecord(rewrite.name, rewrite.why, rewrite.contract.describe(), status,
+                            dict(ctx.matches), list(ctx.near_misses), before,
+                            census(graph_module.graph), seconds, list(ctx.notes))
+        records.append(record)
+        if trace_dir is not None:
+            stats = {"matches": record.matches, "near_misses": [m.__dict__ for m in record.near_misses],
+                     "status": status, "seconds": seconds}
+            (trace_dir / f"graph{graph_index}" / f"{stem}_stats.json").write_text(json.dumps(stats, indent=1))
+    return records

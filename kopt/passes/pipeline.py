@@ -1,0 +1,48 @@
+"""The pass order: one line per pass, with the reason it sits where it does.
+
+``passes="auto"`` runs :func:`default_pipeline`; a list mixes names from :func:`available_passes`
+and :class:`~kopt.passes.base.Pass` objects; ``[]`` captures and lowers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kopt.passes.base import Pass
+from kopt.passes.redundancy import RedundancyElimination
+
+PassSpec = str | Pass | Sequence[str | Pass]
+
+
+def default_pipeline() -> list[Pass]:
+    """The passes ``"auto"`` runs, in order."""
+    return [
+        RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
+    ]
+
+
+def available_passes() -> dict[str, Pass]:
+    """Every built-in pass by name (``kopt passes`` lists these)."""
+    return {p.name: p for p in default_pipeline()}
+
+
+def resolve(spec: PassSpec) -> list[Pass]:
+    """Turn ``"auto"``, a pass name, a Pass, or a list mixing them into an ordered list of passes."""
+    if isinstance(spec, (str, Pass)):
+        spec = [spec]
+    known = available_passes()
+    resolved: list[Pass] = []
+    for item in spec:
+        if isinstance(item, Pass):
+            resolved.append(item)
+        elif item == "auto":
+            resolved.extend(default_pipeline())
+        elif isinstance(item, str) and item in known:
+            resolved.append(known[item])
+        else:
+            raise ValueError(f"unknown pass {item!r}: use 'auto', a kopt.Pass, or one of {sorted(known)}")
+    names = [p.name for p in resolved]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise ValueError(f"pass(es) listed twice: {sorted(duplicates)}")
+    return resolved

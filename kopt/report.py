@@ -1,0 +1,119 @@
+"""The report a compiled module exposes as ``kopt_report``: what fired, what almost did, what it cost.
+
+Printable as a table (``str(report)``) and serialisable (``report.to_json()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from kopt.passes.base import NearMiss
+
+
+@dataclasses.dataclass
+class PassRecord:
+    """One pass on one graph."""
+
+    name: str
+    why: str
+    contract: str
+    status: str  # applied | no match | skipped: <error> | out of fuel
+    matches: dict[str, int]
+    near_misses: list[NearMiss]
+    before: dict[str, int]
+    after: dict[str, int]
+    seconds: float
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def total_matches(self) -> int:
+        return sum(self.matches.values())
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """Everything kopt did to one dynamo graph."""
+
+    index: int
+    inputs: list[dict[str, Any]]
+    passes: list[PassRecord] = dataclasses.field(default_factory=list)
+    lowering: str = ""
+    capture_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    fallback: str | None = None  # why the original graph runs instead of the rewritten one
+    verification: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    weight_refreshes: int = 0
+
+
+@dataclasses.dataclass
+class Report:
+    """The whole compilation: one :class:`GraphReport` per dynamo graph, and graph breaks."""
+
+    graphs: list[GraphReport] = dataclasses.field(default_factory=list)
+    graph_breaks: list[str] = dataclasses.field(default_factory=list)
+
+    def pass_records(self, name: str) -> list[PassRecord]:
+        return [p for g in self.graphs for p in g.passes if p.name == name]
+
+    def matches(self, name: str) -> int:
+        """Rewrites the pass named ``name`` applied, over all graphs."""
+        return sum(p.total_matches for p in self.pass_records(name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> str:
+    keys = sorted(set(before) | set(after))
+    parts = [f"{k} {before.get(k, 0)}→{after.get(k, 0)}" for k in keys
+             if before.get(k, 0) != after.get(k, 0)]
+    return ", ".join(parts) or "unchanged"
+
+
+def render(report: Report, max_near_misses: int = 5) -> str:
+    """A plain-text table per graph: pass, contract, status, matches, node changes, time."""
+    lines = [f"kopt report: {len(report.graphs)} graph(s), {len(report.graph_breaks)} graph break(s)"]
+    for reason in report.graph_breaks:
+        lines.append(f"  graph break: {reason}")
+    for graph in report.graphs:
+        lines.append(f"\ngraph {graph.index}: lowered with {graph.lowering or '?'}; capture "
+                     f"{graph.capture_seconds:.2f}s, compile {graph.compile_seconds:.2f}s")
+        roles: dict[str, list[str]] = {}
+        for entry in graph.inputs:
+            if entry["role"] != "constant":
+                roles.setdefault(entry["role"], []).append(f"{entry['argument']} ({entry['reason']})")
+        constants = sum(1 for entry in graph.inputs if entry["role"] == "constant")
+        lines.append(f"  inputs: {constants} constant (parameters/buffers, frozen)")
+        for role, names in roles.items():
+            lines.append(f"  inputs {role}: " + "; ".join(names))
+        if graph.fallback:
+            lines.append(f"  FALLBACK to the original graph: {graph.fallback}")
+        header = f"  {'pass':<22} {'contract':<24} {'status':<14} {'matches':>7} {'time':>7}  nodes"
+        lines.append(header)
+        for record in graph.passes:
+            lines.append(f"  {record.name:<22} {record.contract:<24} {record.status[:14]:<14} "
+                         f"{record.total_matches:>7} {record.seconds:>6.2f}s  "
+                         f"{_delta(record.before, record.after)}")
+            if record.status.startswith("skipped"):
+                lines.append(f"      {record.status}")
+            for rule, count in sorted(record.matches.items()):
+                lines.append(f"      fired {rule} ×{count}")
+            for miss in record.near_misses[:max_near_misses]:
+                lines.append(f"      near miss {miss.rule} at {miss.node}: {miss.reason}")
+            if len(record.near_misses) > max_near_misses:
+                lines.append(f"      … {len(record.near_misses) - max_near_misses} more near misses")
+            for note in record.notes:
+                lines.append(f"      note: {note}")
+        for check in graph.verification:
+            lines.append(f"  verify output {check['output']}: {check['verdict']}")
+        if graph.weight_refreshes:
+            lines.append(f"  recompiled {graph.weight_refreshes}× after weights changed")
+    return "\n".join(lines)

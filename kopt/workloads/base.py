@@ -1,0 +1,81 @@
+"""What a workload is: a model factory plus the inputs a real serving loop feeds it.
+
+Every benchmark, test and CLI command builds models through this one interface, so the shapes and
+input conventions (timestep scaling, rope ids, masks) live in exactly one place per model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+
+Size = Literal["tiny", "full"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A named model with realistic example inputs.
+
+    Attributes:
+        name: registry name (``qwen-image``, ``flux2`` or ``module:factory``).
+        description: one line for reports.
+        build_model: ``(size) -> nn.Module`` with random weights, on the current default device and dtype.
+        build_inputs: ``(size, device, dtype, generator, negative) -> kwargs`` for one forward call;
+            ``negative=True`` gives the unconditional (negative-prompt) half of a CFG pair.
+        step_invariant: names of inputs that stay the same across both calls of a CFG pair.
+        timestep_arg: the input that the pipeline rebuilds for every call (``t / 1000``).
+    """
+
+    name: str
+    description: str
+    build_model: Callable[[Size], torch.nn.Module]
+    build_inputs: Callable[[Size, torch.device, torch.dtype, torch.Generator, bool], dict[str, Any]]
+    step_invariant: tuple[str, ...] = ("timestep", "guidance")
+    timestep_arg: str | None = "timestep"
+
+    def model(self, size: Size = "tiny", *, device: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        """Build the model directly on ``device`` in ``dtype`` (no full-precision CPU copy first)."""
+        if size not in ("tiny", "full"):
+            raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                module = self.build_model(size)
+        finally:
+            torch.set_default_dtype(previous)
+        return module.eval().requires_grad_(False)
+
+    def inputs(self, size: Size = "tiny", *, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32, seed: int = 0,
+               negative: bool = False) -> dict[str, Any]:
+        """Fresh random inputs for one call; ``seed`` makes them reproducible."""
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        return self.build_inputs(size, torch.device(device), dtype, generator, negative)
+
+    def cfg_pair(self, module: Callable[..., Any], cond: Mapping[str, Any],
+                 uncond: Mapping[str, Any], t: float = 500.0) -> tuple[Any, Any]:
+        """Run the classifier-free-guidance pair as the diffusers pipelines do.
+
+        Two calls with the same timestep *value*, each with a timestep tensor built anew
+        (``t.expand(batch) / 1000``), so that anything keyed on tensor identity would miss.
+        """
+        outputs = []
+        for kwargs in (cond, uncond):
+            kwargs = dict(kwargs)
+            if self.timestep_arg is not None and self.timestep_arg in kwargs:
+                reference = kwargs[self.timestep_arg]
+                step = torch.tensor(t, device=reference.device, dtype=reference.dtype)
+                kwargs[self.timestep_arg] = step.expand(reference.shape[0]) / 1000
+            outputs.append(module(**kwargs))
+        return outputs[0], outputs[1]
+
+
+def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.device,
+          dtype: torch.dtype) -> torch.Tensor:
+    """Normal samples drawn on the CPU (reproducible on any device), then moved."""
+    return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
