@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kopt.backend import KoptBackend
+from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
+from kopt.passes.manager import PassFailed
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.passes.pipeline import PassSpec
 from kopt.report import Report
@@ -42,6 +44,14 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
     return KoptBackend(passes, options)
 
 
+def _forward_argument_names(module: torch.nn.Module) -> tuple[str, ...]:
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
 class KoptModule(torch.nn.Module):
     """A compiled module: call it like the original; ``kopt_report`` says what kopt did.
 
@@ -53,12 +63,19 @@ class KoptModule(torch.nn.Module):
                  dynamic: bool | None) -> None:
         super().__init__()
         self._orig_mod = module
+        backend.argument_names = _forward_argument_names(module)
         object.__setattr__(self, "_kopt_backend", backend)
         object.__setattr__(self, "_kopt_compiled",
                            torch.compile(module, backend=backend, fullgraph=fullgraph, dynamic=dynamic))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kopt_compiled(*args, **kwargs)
+        try:
+            return self._kopt_compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            inner = getattr(error, "inner_exception", None)
+            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError)):
+                raise inner from None  # kopt's own error, not a compiler crash: show it as such
+            raise
 
     @property
     def kopt_report(self) -> Report:

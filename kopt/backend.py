@@ -55,7 +55,8 @@ class CompiledGraph:
     def _build(self, example_inputs: list[Any]) -> None:
         options = self.backend.options
         placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
-        roles = classify_inputs(placeholders, example_inputs, dict(options.roles))
+        roles = classify_inputs(placeholders, example_inputs, dict(options.roles),
+                                self.backend.argument_names)
         self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
                               for r in roles]
         self.report.passes, self.report.verification, self.report.fallback = [], [], None
@@ -145,6 +146,7 @@ class KoptBackend:
         self.fuel = Fuel(self.options.fuel)
         self.report = Report()
         self.generation = 0
+        self.argument_names: tuple[str, ...] = ()  # the forward signature, to name positional inputs
         self._breaks_before = _graph_breaks()
 
     def refresh(self) -> None:

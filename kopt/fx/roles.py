@@ -16,6 +16,8 @@ import torch
 from kopt.config import Role
 
 _ARGUMENT = re.compile(r"^L\[(?:'kwargs'\]\[)?'(?P<name>[^']+)'\]")
+_POSITIONAL = re.compile(r"^L\['args'\]\[(?P<index>\d+)\]")
+_MODULE_STATE = re.compile(r"^L\['(self|fn)'\]|\._(parameters|buffers)\[")
 
 # Names whose value is the same for every call of a denoising step (both CFG halves) and, for
 # position ids, for every step: the binding-time analysis may hoist and memoize what they feed.
@@ -48,10 +50,23 @@ def source_name(node: torch.fx.Node) -> str:
     return name() if callable(name) else str(name)
 
 
-def argument_name(source: str) -> str | None:
-    """The forward argument a source reads (``L['timestep']`` -> ``timestep``), None for module state."""
-    if source.startswith("L['self']"):
+def is_module_state(source: str) -> bool:
+    """True for sources read from the module itself (parameters, buffers, attributes)."""
+    return _MODULE_STATE.search(source) is not None
+
+
+def argument_name(source: str, positional: tuple[str, ...] = ()) -> str | None:
+    """The forward argument a source reads (``L['timestep']`` -> ``timestep``), None for module state.
+
+    Positional arguments arrive as ``L['args'][i]``; ``positional`` (the forward signature's
+    parameter names) turns them back into names.
+    """
+    if is_module_state(source):
         return None
+    match = _POSITIONAL.match(source)
+    if match:
+        index = int(match.group("index"))
+        return positional[index] if index < len(positional) else f"args[{index}]"
     match = _ARGUMENT.match(source)
     return match.group("name") if match else None
 
@@ -65,13 +80,13 @@ def infer_role(argument: str) -> tuple[Role, str]:
 
 
 def classify_inputs(placeholders: list[torch.fx.Node], example_inputs: list[object],
-                    explicit: dict[str, Role]) -> list[InputRole]:
+                    explicit: dict[str, Role], positional: tuple[str, ...] = ()) -> list[InputRole]:
     """One :class:`InputRole` per graph input, in order."""
     roles = []
     for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
         source = source_name(node)
-        argument = argument_name(source)
-        if isinstance(value, torch.nn.Parameter) or (argument is None and source.startswith("L['self']")):
+        argument = argument_name(source, positional)
+        if isinstance(value, torch.nn.Parameter) or is_module_state(source):
             roles.append(InputRole(index, source, None, Role.CONSTANT, "module parameter or buffer"))
         elif argument is not None and argument in explicit:
             roles.append(InputRole(index, source, argument, explicit[argument], "given in roles="))
