@@ -163,23 +163,24 @@ class KoptBackend:
         return CompiledGraph(self, graph_module, list(example_inputs), graph_report)
 
 
-_ENTRY_POINT_BACKEND: KoptBackend | None = None
+_ENTRY_POINT_BACKENDS: dict[str, KoptBackend] = {}  # one per distinct options, so reports accumulate
+_LAST_USED: list[KoptBackend] = []
 
 
 def kopt_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any],
                  options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """``torch.compile(model, backend="kopt", options={...})``: the default pipeline, or ``options``
     with the keyword arguments of :func:`kopt.compile` (``passes``, ``lower``, ``verify``, ...)."""
-    global _ENTRY_POINT_BACKEND
-    if options:
+    key = repr(sorted((options or {}).items()))
+    backend = _ENTRY_POINT_BACKENDS.get(key)
+    if backend is None:
         from kopt.api import make_backend
 
-        return make_backend(**options)(graph_module, example_inputs)
-    if _ENTRY_POINT_BACKEND is None:
-        _ENTRY_POINT_BACKEND = KoptBackend()
-    return _ENTRY_POINT_BACKEND(graph_module, example_inputs)
+        backend = _ENTRY_POINT_BACKENDS[key] = make_backend(**(options or {}))
+    _LAST_USED[:] = [backend]
+    return backend(graph_module, example_inputs)
 
 
 def last_backend_report() -> Report | None:
-    """The report of graphs compiled through ``backend="kopt"`` in this process (None if none)."""
-    return None if _ENTRY_POINT_BACKEND is None else _ENTRY_POINT_BACKEND.report
+    """The report of the ``backend="kopt"`` compilation that ran last in this process (None if none)."""
+    return _LAST_USED[0].report if _LAST_USED else None

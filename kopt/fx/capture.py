@@ -86,3 +86,14 @@ def capture(dynamo_graph: torch.fx.GraphModule, example_inputs: list[object],
         if node.op == "get_attr":
             node.meta["kopt_role"] = Role.CONSTANT
     return CapturedGraph(graph_module, roles, user_indices, constants)
+
+
+def trace_function(fn: object, *example_inputs: torch.Tensor) -> torch.fx.GraphModule:
+    """Capture a plain function the way :func:`capture` captures a model (for tests and tools):
+    functional ATen, FakeTensor ``meta["val"]`` on every node, tensors it closes over as constants."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [fake_mode.from_tensor(t) for t in example_inputs]
+    tracer = make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="real",  # type: ignore[arg-type]
+                     _allow_non_fake_inputs=True)
+    with torch.no_grad(), fake_mode:
+        return tracer(*fakes)

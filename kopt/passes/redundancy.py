@@ -21,6 +21,8 @@ _NOOP_COPIES = {aten.clone.default, aten._to_copy.default, aten.contiguous.defau
 
 
 def _is_pure(node: torch.fx.Node) -> bool:
+    if node.op == "get_attr":
+        return True  # reading the same constant twice
     if node.op != "call_function" or node.is_impure():
         return False
     schema = getattr(node.target, "_schema", None)
@@ -34,6 +36,8 @@ def _is_pure(node: torch.fx.Node) -> bool:
 
 
 def _key(node: torch.fx.Node) -> object:
+    if node.op == "get_attr":
+        return ("get_attr", node.target)
     def freeze(value: object) -> object:
         if isinstance(value, (list, tuple)):
             return (type(value).__name__, tuple(freeze(v) for v in value))
@@ -82,7 +86,7 @@ class RedundancyElimination(Pass):
         for node in list(graph.nodes):
             if not _is_pure(node):
                 continue
-            if _noop_reason(node) and ctx.fire("identity-view-or-cast", node):
+            if node.op == "call_function" and _noop_reason(node) and ctx.fire("identity-view-or-cast", node):
                 replace(node, node.args[0], pass_name=self.name, rule="identity-view-or-cast")
                 graph.erase_node(node)
                 continue

@@ -1,0 +1,112 @@
+"""Where a forward's time goes: profiler kernel time grouped into GEMM / attention / norm+elementwise /
+copies / other, and kernel launches per forward.
+
+On CUDA every device-side event (kernels, memcpy, memset) is classified by its name with
+:func:`classify`; ``launches`` counts those events per forward. On the CPU (the tiny smoke mode)
+there are no kernels: each op's *self* CPU time is attributed to the category of its outermost
+``aten::`` ancestor (so the ``copy_`` inside ``addmm`` counts as GEMM), and launches are None.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+CATEGORIES = ("gemm", "attention", "norm_elementwise", "copies", "other")
+
+# Checked in this order; the first category with a matching (lower-case) substring wins.
+# Inductor's matmul templates ("triton_tem_*") are GEMMs; every other Inductor kernel ("triton_poi_*",
+# "triton_per_*", "triton_red_*") is fused norm/elementwise work even when its name mentions the op it
+# feeds ("triton_poi_fused__scaled_dot_product_flash_attention_0" is a layout copy, not attention).
+# Attention before GEMM because fused attention kernels also carry "cutlass"/"gemm" in their names;
+# copies before elementwise because aten's copy/cast kernels are elementwise_kernel<direct_copy...>.
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gemm", ("triton_tem_",)),
+    ("norm_elementwise", ("triton_",)),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "f8f8bf16",
+              "splitkreduce", "dot_kernel", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+              "aten::linear", "aten::matmul")),
+    ("copies", ("copy", "memcpy", "memset", "catarray", "aten::cat", "concat", "aten::clone",
+                "aten::contiguous", "aten::stack")),
+    ("norm_elementwise", ("elementwise", "reduce", "norm", "softmax", "moments", "vectorized",
+                          "unrolled", "aten::")),
+)
+
+
+def classify(name: str) -> str:
+    """The category of a kernel (or CPU op) name; ``other`` when no rule matches.
+
+    GEMM: gemm/gemv/cutlass/xmma/nvjet/cublas kernels, Inductor matmul templates, FP8 scaled_mm.
+    attention: flash/fmha/attention/sdpa kernels. copies: copy/memcpy/memset/concatenation.
+    norm_elementwise: Inductor's triton_ kernels, aten elementwise/reduce/norm/softmax kernels (and,
+    on the CPU, any other aten op). other: everything else (e.g. CPU-side compiled-graph wrappers).
+    """
+    lowered = name.lower()
+    for category, needles in RULES:
+        if any(needle in lowered for needle in needles):
+            return category
+    return "other"
+
+
+def _outermost_aten(event: Any) -> str:
+    """Name of the outermost ``aten::`` op enclosing ``event`` (itself if none encloses it)."""
+    name, parent = event.name, event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            name = parent.name
+        parent = parent.cpu_parent
+    return name
+
+
+def _device_events(prof: profile) -> list[tuple[str, float]]:
+    """(name, microseconds) of every GPU-side event: kernels, memcpy, memset."""
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == DeviceType.CUDA]
+
+
+def _cpu_op_events(prof: profile) -> list[tuple[str, float]]:
+    """(category-bearing name, self microseconds) of every CPU op, attributed to its outermost aten op."""
+    return [(_outermost_aten(e), e.self_cpu_time_total) for e in prof.events()
+            if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0]
+
+
+def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int = 3,
+                      top: int = 12) -> dict[str, Any]:
+    """Profile ``forwards`` calls of ``fn`` (already warmed up) and summarise per forward.
+
+    Returns ms per category, total kernel ms, launches per forward (CUDA only), and the ``top``
+    kernels by time with their category, so a misclassified name is easy to spot in the JSON.
+    """
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
+    if on_cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(forwards):
+            fn()
+        if on_cuda:
+            torch.cuda.synchronize(device)
+    events = _device_events(prof) if on_cuda else _cpu_op_events(prof)
+    per_category: dict[str, float] = {c: 0.0 for c in CATEGORIES}
+    per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for name, micros in events:
+        per_category[classify(name)] += micros
+        per_name[name][0] += micros
+        per_name[name][1] += 1
+    scale = 1e-3 / forwards  # microseconds over all forwards -> ms per forward
+    ranked = sorted(per_name.items(), key=lambda item: -item[1][0])[:top]
+    return {
+        "activity": "cuda kernels" if on_cuda else "cpu ops (self time, by outermost aten op)",
+        "forwards_profiled": forwards,
+        "ms": {c: round(v * scale, 4) for c, v in per_category.items()},
+        "kernel_ms": round(sum(per_category.values()) * scale, 4),
+        "launches": round(len(events) / forwards, 1) if on_cuda else None,
+        "top": [{"name": name[:160], "category": classify(name), "ms": round(t * scale, 4),
+                 "calls_per_forward": round(n / forwards, 2)} for name, (t, n) in ranked],
+    }

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""DiT benchmark: eager vs torch.compile vs FP8 baseline vs kopt on Qwen-Image and FLUX.2.
+
+    python benchmarks/dit.py --size full --models qwen-image          # one H200, one model per process
+    python benchmarks/dit.py --size tiny                              # CPU smoke run (timings mean nothing)
+
+For each model (full size: published config, random weights, built directly in bf16 on the GPU;
+batch 1, 4096 image tokens, 256 / 512 text tokens) and each variant, one transformer forward is
+timed (CUDA events, median of ``--repeats`` after ``--warmup``), with compile time (first call
+minus a normal call), peak memory, and relative error / cosine against eager in float64. Eager,
+torch.compile and kopt also get a CFG-pair row (conditional + unconditional call, fresh timestep
+tensor per call). A profiler breakdown (GEMM / attention / norm+elementwise / copies / other,
+launches per forward) is taken per variant, and the hardware ceilings and per-model floors are
+measured in the same run. Results: ``<out>/dit-<size>-<models>.{json,md,png}``, rewritten after
+every variant so a run killed at the device time limit keeps what it finished. See README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks import results_io
+from benchmarks.breakdown import profile_breakdown
+from benchmarks.ceilings import count_flops, floors, measure_ceilings
+from benchmarks.measure import (allocated_gb, benchmark, compare, first_tensor, free_compiled_state,
+                                peak_memory_gb, reset_peak_memory)
+from benchmarks.variants import Prepared, Setup, Variant, all_variants, select
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class Log:
+    """Timestamped, flushed progress lines: a run cut off by a time limit still shows where it was."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def __call__(self, message: str) -> None:
+        clock = datetime.datetime.now().strftime("%H:%M:%S")
+        print(f"[{clock} +{self.elapsed():6.1f}s] {message}", flush=True)
+
+
+@dataclasses.dataclass
+class Run:
+    """Resolved options plus the results being accumulated (written after every variant)."""
+
+    args: argparse.Namespace
+    setup: Setup
+    variants: list[Variant]
+    log: Log
+    results: dict[str, Any]
+
+    @property
+    def device(self) -> torch.device:
+        return self.setup.device
+
+    def save(self, png: bool = False) -> None:
+        name = results_io.stem(self.setup.size, self.results["models"], self.args.tag)
+        for note in results_io.write_all(self.results, Path(self.args.out), name, png=png):
+            self.log(note)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    names = ", ".join(v.name for v in all_variants())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "full"], default=None,
+                        help="full (default on CUDA) or tiny (default on CPU: smoke test)")
+    parser.add_argument("--models", default="qwen-image,flux2", help="comma-separated workload names")
+    parser.add_argument("--variants", default="auto",
+                        help=f"comma-separated, or 'auto' (tiny: all; full: eager, torch.compile, kopt, "
+                             f"fp8+torch.compile). Known: {names}")
+    parser.add_argument("--whole-model", action="store_true",
+                        help="add whole-model torch.compile (off by default at full size: slow to compile)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per row (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the first, compiling one")
+    parser.add_argument("--profile-forwards", type=int, default=3,
+                        help="forwards under torch.profiler per variant for the breakdown (0: skip)")
+    parser.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
+    parser.add_argument("--budget-s", type=float, default=540.0,
+                        help="skip variants whose estimated time would end the process past this")
+    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="model dtype (default bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--out", default=None,
+                        help="results folder (default: $OUT if set, else benchmarks/results)")
+    parser.add_argument("--tag", default=None, help="suffix for the output file names")
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.size = args.size or ("full" if args.device == "cuda" else "tiny")
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    args.out = args.out or os.environ.get("OUT") or str(results_io.REPO / "benchmarks" / "results")
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    return args
+
+
+# ---------------------------------------------------------------- one row
+
+
+def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
+    return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
+                first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
+                launches=None, notes=[])
+
+
+def _as_output(call: str, result: Any) -> torch.Tensor:
+    """The tensor compared with the reference: the sample, or both CFG samples stacked."""
+    if call == "cfg-pair":
+        return torch.stack([first_tensor(result[0]), first_tensor(result[1])])
+    return first_tensor(result)
+
+
+def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
+                reference: torch.Tensor) -> dict[str, Any]:
+    """Time ``fn`` (first call compiles), compare its output with ``reference``, note peak memory."""
+    reset_peak_memory(run.device)
+    timing, result = benchmark(fn, run.device, warmup=run.args.warmup, repeats=run.args.repeats)
+    row = _empty_row(model, variant, call)
+    row.update(compare(_as_output(call, result), reference))
+    row.update(median_ms=timing.median_ms, compile_s=timing.compile_s, first_call_s=timing.first_call_s,
+               samples_ms=[round(s, 4) for s in timing.samples_ms], peak_mem_gb=peak_memory_gb(run.device))
+    run.log(f"  {model} {variant} {call}: median {timing.median_ms:.3f} ms, compile {timing.compile_s:.1f} s, "
+            f"rel_err {row['rel_err']}, cosine {row['cosine']}, peak {row['peak_mem_gb']} GB")
+    return row
+
+
+# ---------------------------------------------------------------- one variant
+
+
+@dataclasses.dataclass
+class ModelState:
+    """Per model: the workload, the shared model, inputs and eager references."""
+
+    name: str
+    workload: Any
+    model: torch.nn.Module
+    inputs: dict[str, Any]
+    negative: dict[str, Any]
+    reference: torch.Tensor
+    reference_cfg: torch.Tensor
+
+
+def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Prepared,
+                     rows: list[dict[str, Any]]) -> None:
+    """Forward row, profiler breakdown, CFG-pair row, kopt report; appends rows as they finish."""
+    fn = prepared.fn
+    forward = measure_row(run, state.name, variant.name, "forward", lambda: fn(**state.inputs),
+                          state.reference)
+    forward["notes"] = list(prepared.notes)
+    rows.append(forward)
+    if run.args.profile_forwards > 0:
+        breakdown = profile_breakdown(lambda: fn(**state.inputs), run.device, run.args.profile_forwards)
+        gap = forward["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
+        run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward",
+                                         "gap_ms": gap, **breakdown})
+        forward["launches"] = breakdown["launches"]
+    if variant.cfg_pair:
+        pair = lambda: state.workload.cfg_pair(fn, state.inputs, state.negative)  # noqa: E731
+        cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg)
+        cfg["notes"] = list(prepared.notes)
+        rows.append(cfg)
+    if prepared.kopt_report is not None:
+        run.results["kopt_reports"][f"{state.name}/{variant.name}"] = prepared.kopt_report.to_dict()
+        run.log(f"kopt report ({state.name}, {variant.name}):\n{prepared.kopt_report}")
+
+
+def run_variant(run: Run, state: ModelState, variant: Variant) -> None:
+    """Prepare and measure one variant; always undo it and free its compiled state afterwards."""
+    prepared: Prepared | None = None
+    rows: list[dict[str, Any]] = []
+    try:
+        prepared = variant.prepare(state.model, run.setup)
+        _measure_variant(run, state, variant, prepared, rows)
+    except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
+        run.log(f"  {variant.name} FAILED: {type(error).__name__}: {error}")
+        traceback.print_exc()
+        message = str(error).splitlines()[0][:200] if str(error) else ""
+        status = f"error: {type(error).__name__}: {message}"
+        calls = ["forward", "cfg-pair"] if variant.cfg_pair else ["forward"]
+        rows += [_empty_row(state.name, variant.name, c, status) for c in calls[len(rows):]]
+    finally:
+        if prepared is not None:
+            prepared.undo()
+        prepared = None  # drop the compiled module before freeing caches
+        free_compiled_state(run.device)
+    run.results["rows"] += rows
+    run.log(f"  freed {variant.name}; allocated now {allocated_gb(run.device)} GB")
+
+
+def over_budget(run: Run, variant: Variant) -> str | None:
+    """Why ``variant`` is skipped (None to run it): elapsed + its full-size estimate > --budget-s."""
+    estimate = variant.estimate_full_s if run.setup.size == "full" else 0.0
+    elapsed = run.log.elapsed()
+    if elapsed + estimate > run.args.budget_s:
+        return (f"skipped: budget (elapsed {elapsed:.0f} s + estimated {estimate:.0f} s "
+                f"> --budget-s {run.args.budget_s:.0f})")
+    return None
+
+
+# ---------------------------------------------------------------- one model
+
+
+def build_state(run: Run, name: str) -> ModelState:
+    """Build the model once, its inputs, and the eager references (forward and CFG pair)."""
+    from kopt.workloads import get_workload
+
+    workload = get_workload(name)
+    size, device, dtype = run.setup.size, run.device, run.setup.dtype
+    torch.manual_seed(0)
+    model = workload.model(size, device=device, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    run.log(f"built {name} ({size}): {params / 1e6:.1f} M parameters, allocated {allocated_gb(device)} GB")
+    inputs = workload.inputs(size, device=device, dtype=dtype, seed=0)
+    negative = workload.inputs(size, device=device, dtype=dtype, seed=1, negative=True)
+    reference = first_tensor(model(**inputs)).clone()
+    cond, uncond = workload.cfg_pair(model, inputs, negative)
+    reference_cfg = torch.stack([first_tensor(cond), first_tensor(uncond)]).clone()
+    run.results["per_model"][name] = {"parameters": params, "output_shape": list(reference.shape)}
+    return ModelState(name, workload, model, inputs, negative, reference, reference_cfg)
+
+
+def run_model(run: Run, name: str) -> None:
+    state = build_state(run, name)
+    info = run.results["per_model"][name]
+    info["flops"] = count_flops(state.model, state.inputs)
+    run.log(f"{name}: {info['flops']['total'] / 1e12:.3f} TFLOP per forward "
+            f"(GEMM {info['flops']['gemm'] / 1e12:.3f}, attention {info['flops']['attention'] / 1e12:.3f})")
+    for variant in run.variants:
+        skipped = over_budget(run, variant)
+        if skipped:
+            run.log(f"{name} {variant.name}: {skipped}")
+            calls = ["forward", "cfg-pair"] if variant.cfg_pair else ["forward"]
+            run.results["rows"] += [_empty_row(name, variant.name, c, skipped) for c in calls]
+            continue
+        run.log(f"{name} {variant.name}: {variant.description}")
+        run_variant(run, state, variant)
+        run.save()
+    eager = next((b for b in run.results["breakdown"] if b["model"] == name and b["variant"] == "eager"), None)
+    attention_ms = eager["ms"]["attention"] if eager and run.device.type == "cuda" else None
+    info["floor"] = floors(info["flops"], run.results["ceilings"], attention_ms)
+    del state
+    free_compiled_state(run.device)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = Log()
+    device = torch.device(args.device)
+    setup = Setup(size=args.size, device=device, dtype=DTYPES[args.dtype])
+    variants = select(args.variants, args.size, args.whole_model)
+    results: dict[str, Any] = dict(
+        size=args.size, models=args.models, variants=[v.name for v in variants], dtype=args.dtype,
+        repeats=args.repeats, warmup=args.warmup, meta=results_io.run_metadata(device), rows=[],
+        breakdown=[], ceilings=None, per_model={}, kopt_reports={})
+    run = Run(args, setup, variants, log, results)
+    log(f"dit benchmark: size={args.size} device={device} dtype={args.dtype} models={args.models} "
+        f"variants={results['variants']} out={args.out}")
+    with torch.no_grad():
+        if not args.no_ceilings:
+            results["ceilings"] = measure_ceilings(device)
+            log(f"ceilings: {results['ceilings']}")
+        for name in args.models:
+            try:
+                run_model(run, name)
+            except Exception as error:  # noqa: BLE001 - keep the other model's results
+                log(f"{name} FAILED outside a variant: {type(error).__name__}: {error}")
+                traceback.print_exc()
+                results["per_model"].setdefault(name, {})["error"] = f"{type(error).__name__}: {error}"
+            run.save()
+    run.save(png=True)
+    log(f"wrote {Path(args.out) / results_io.stem(args.size, args.models, args.tag)}.{{json,md,png}}")
+    print("\n" + results_io.short_table(results["rows"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

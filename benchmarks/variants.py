@@ -1,0 +1,174 @@
+"""The rows of the DiT benchmark: how each variant turns the eager model into something callable.
+
+A variant is a :class:`Variant`: a name (the row label), a ``prepare`` function returning a
+:class:`Prepared` (the callable, notes for the table, an optional kopt report, and an ``undo`` that
+restores the shared eager model), and whether it also gets a CFG-pair row. To add a kopt option,
+add one line to :data:`KOPT_OPTIONS`; to add anything else, append a :class:`Variant` to
+:func:`all_variants`.
+
+The model is built once per process and shared, so variants must leave it as they found it;
+the FP8 variants cannot (they drop bf16 weights to fit FLUX.2 on one card) and so are marked
+``mutates_model`` and run after all the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks.fp8_baseline import count_fp8_linears, quantize_linears
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a variant may need to know about the run."""
+
+    size: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def fp8_min_features(self) -> int:
+        """Linears smaller than this stay bf16 (tiny models have 64-wide layers, full ones >= 3072)."""
+        return 1024 if self.size == "full" else 16
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A variant ready to call with the workload's keyword inputs."""
+
+    fn: Callable[..., Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    kopt_report: Any = None  # kopt.Report for kopt variants (filled in after the first call)
+    undo: Callable[[], None] = lambda: None
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One benchmark row family (forward, and the CFG pair when ``cfg_pair``)."""
+
+    name: str
+    description: str
+    prepare: Callable[[nn.Module, Setup], Prepared]
+    cfg_pair: bool = False
+    mutates_model: bool = False
+    estimate_full_s: float = 60.0  # rough wall seconds at full size (compile + timing + profile)
+    aliases: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- eager and torch.compile
+
+
+def _eager(model: nn.Module, setup: Setup) -> Prepared:
+    return Prepared(model)
+
+
+def _uncompile_blocks(model: nn.Module) -> None:
+    """Undo ``compile_repeated_blocks``: ``nn.Module.compile`` only sets ``_compiled_call_impl``."""
+    for module in model.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+
+
+def _regional_compile(model: nn.Module, setup: Setup) -> Prepared:
+    """diffusers' ``compile_repeated_blocks()``: ``torch.compile`` (default mode) on each repeated block."""
+    model.compile_repeated_blocks()
+    return Prepared(model, notes=[f"regional: {', '.join(model._repeated_blocks)}"],
+                    undo=lambda: _uncompile_blocks(model))
+
+
+def _whole_compile(model: nn.Module, setup: Setup) -> Prepared:
+    return Prepared(torch.compile(model), notes=["whole model, default mode"])
+
+
+# ---------------------------------------------------------------- FP8 baseline
+
+
+def _fp8(model: nn.Module, setup: Setup, *, compile_blocks: bool) -> Prepared:
+    """Quantize the blocks' large linears (once per process), then optionally compile regionally."""
+    notes: list[str] = []
+    if count_fp8_linears(model) == 0:
+        _, notes = quantize_linears(model, min_features=setup.fp8_min_features)
+    else:
+        notes = [f"reused {count_fp8_linears(model)} FP8 linears quantized by an earlier variant"]
+    if compile_blocks:
+        model.compile_repeated_blocks()
+        notes.append("regional torch.compile on top")
+    return Prepared(model, notes=notes, undo=lambda: _uncompile_blocks(model))
+
+
+# ---------------------------------------------------------------- kopt
+
+# name -> keyword arguments of kopt.compile; one line per kopt option worth a row.
+KOPT_OPTIONS: dict[str, dict[str, Any]] = {
+    "kopt": dict(passes="auto"),  # lower="inductor" (default)
+    "kopt-eager": dict(passes="auto", lower="eager"),  # rewritten FX graph op by op: fast to compile
+}
+
+
+def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
+    def prepare(model: nn.Module, setup: Setup) -> Prepared:
+        import kopt
+
+        compiled = kopt.compile(model, **options)
+        described = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        return Prepared(compiled, notes=[f"kopt.compile({described})"], kopt_report=compiled.kopt_report)
+
+    return prepare
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def all_variants() -> list[Variant]:
+    """Every known variant, in the default run order (model-mutating ones last)."""
+    variants = [
+        Variant("eager", "eager bf16 (the reference)", _eager, cfg_pair=True, estimate_full_s=20),
+        Variant("torch.compile", "regional torch.compile (compile_repeated_blocks)", _regional_compile,
+                cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
+        Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
+                estimate_full_s=420, aliases=("compile-full", "whole")),
+    ]
+    estimates = {"kopt": 300, "kopt-eager": 120}
+    variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
+                         estimate_full_s=estimates.get(name, 300)) for name, options in KOPT_OPTIONS.items()]
+    variants += [
+        Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
+                lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
+                estimate_full_s=180, aliases=("fp8",)),
+        Variant("fp8-eager", "rowwise FP8 linears, no compile", lambda m, s: _fp8(m, s, compile_blocks=False),
+                mutates_model=True, estimate_full_s=60),
+    ]
+    return variants
+
+
+DEFAULT_FULL = ("eager", "torch.compile", "kopt", "fp8+torch.compile")
+DEFAULT_TINY = tuple(v.name for v in all_variants())
+
+
+def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
+    """Variants named in ``spec`` (comma-separated names or aliases, or "auto"), in a safe order.
+
+    "auto" is every variant at tiny size and :data:`DEFAULT_FULL` at full size (whole-model
+    compile only with ``whole_model``: it may not finish inside one 10-minute device call).
+    Model-mutating variants are moved after the others, keeping the requested order otherwise.
+    """
+    known = {alias: v for v in all_variants() for alias in (v.name, *v.aliases)}
+    if spec == "auto":
+        names = list(DEFAULT_TINY if size == "tiny" else DEFAULT_FULL)
+        if size == "full" and whole_model:
+            names.insert(2, "torch.compile-full")
+    else:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}: choose from {sorted(known)}")
+    chosen = list(dict.fromkeys(known[n].name for n in names))
+    if whole_model and "torch.compile-full" not in chosen:
+        chosen.append("torch.compile-full")
+    ordered = [known[n] for n in chosen]
+    return [v for v in ordered if not v.mutates_model] + [v for v in ordered if v.mutates_model]

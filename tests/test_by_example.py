@@ -1,0 +1,83 @@
+"""Rules by example: fire by what the graph computes, match numbers, decline with reasons."""
+
+from __future__ import annotations
+
+import torch
+
+import kopt
+from kopt.fx.capture import trace_function
+from kopt.passes.base import PassContext
+from tests.conftest import rel_err
+
+aten = torch.ops.aten
+
+
+def _gelu_tanh_by_hand(x):
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def _gelu_tanh(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+GELU_RULE = kopt.Rule("gelu-tanh", _gelu_tanh_by_hand, _gelu_tanh, example=lambda: (torch.randn(16),),
+                      why="the tanh approximation of GELU, written out")
+GELU_PASS = kopt.RewritePass("gelu", "one op instead of eight", kopt.Contract.tolerance(1e-5), [GELU_RULE])
+
+
+def test_rule_fires_on_each_occurrence_and_matches_numbers():
+    """Both hand-written GELUs (different shapes) become aten.gelu; outputs within 1e-5."""
+    def model_fn(x, y):
+        return _gelu_tanh_by_hand(x).sum() + _gelu_tanh_by_hand(y @ y.T).sum()
+
+    x, y = torch.randn(7, 5), torch.randn(9, 3)
+    graph_module = trace_function(model_fn, x, y)
+    ctx = PassContext("gelu")
+    GELU_PASS.apply(graph_module, ctx)
+    graph_module.recompile()
+    assert ctx.matches == {"gelu-tanh": 2}
+    targets = [n.target for n in graph_module.graph.nodes]
+    assert targets.count(aten.gelu.default) == 2 and aten.tanh.default not in targets
+    gelus = [n for n in graph_module.graph.nodes if n.target is aten.gelu.default]
+    assert all(n.meta["kopt_provenance"] == ["gelu:gelu-tanh"] for n in gelus)
+    x, y = torch.randn(7, 5), torch.randn(9, 3)
+    assert rel_err(graph_module(x, y), model_fn(x, y)) < 1e-5
+
+
+def test_rule_inside_compile_on_a_module():
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 64)
+
+        def forward(self, x):
+            return _gelu_tanh_by_hand(self.fc(x))
+
+    model = MLP().eval()
+    compiled = kopt.compile(model, passes=[GELU_PASS], lower="eager", verify=True)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        assert rel_err(compiled(x), model(x)) < 1e-5
+    assert compiled.kopt_report.matches("gelu") == 1
+    assert compiled.kopt_report.graphs[0].fallback is None
+
+
+def test_guard_declines_and_does_not_touch_the_graph():
+    """A guard's reason becomes a near miss and the pattern stays in place."""
+    rule = kopt.Rule("gelu-tanh", _gelu_tanh_by_hand, _gelu_tanh, example=lambda: (torch.randn(16),),
+                     why="test", guard=lambda m: "only bf16 inputs are worth it")
+    graph_module = trace_function(_gelu_tanh_by_hand, torch.randn(4))
+    ctx = PassContext("gelu")
+    kopt.RewritePass("gelu", "t", kopt.Contract.exact(), [rule]).apply(graph_module, ctx)
+    assert ctx.matches == {} and [m.reason for m in ctx.near_misses] == ["only bf16 inputs are worth it"]
+    assert any(n.target is aten.tanh.default for n in graph_module.graph.nodes)
+
+
+def test_pattern_does_not_match_a_different_computation():
+    """x * sigmoid(2x) is not silu: the rule must not fire."""
+    rule = kopt.Rule("silu", lambda x: x * torch.sigmoid(x), torch.nn.functional.silu,
+                     example=lambda: (torch.randn(8),), why="silu definition")
+    graph_module = trace_function(lambda x: x * torch.sigmoid(2 * x), torch.randn(8))
+    ctx = PassContext("silu")
+    kopt.RewritePass("silu", "t", kopt.Contract.exact(), [rule]).apply(graph_module, ctx)
+    assert ctx.matches == {}
