@@ -89,11 +89,12 @@ def render(report: Report, max_near_misses: int = 5) -> str:
         roles: dict[str, list[str]] = {}
         for entry in graph.inputs:
             if entry["role"] != "constant":
-                roles.setdefault(entry["role"], []).append(f"{entry['argument']} ({entry['reason']})")
+                reason = entry["reason"].split("': ", 1)[-1]  # the rule, without the repeated name
+                roles.setdefault(entry["role"], []).append(f"{entry['argument']} [{reason}]")
         constants = sum(1 for entry in graph.inputs if entry["role"] == "constant")
         lines.append(f"  inputs: {constants} constant (parameters/buffers, frozen)")
         for role, names in roles.items():
-            lines.append(f"  inputs {role}: " + "; ".join(names))
+            lines.append(f"  inputs {role}: " + ", ".join(names))
         if graph.fallback:
             lines.append(f"  FALLBACK to the original graph: {graph.fallback}")
         header = f"  {'pass':<22} {'contract':<24} {'status':<14} {'matches':>7} {'time':>7}  nodes"

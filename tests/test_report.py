@@ -27,7 +27,7 @@ def test_report_lists_each_pass_with_counts_and_timing(tiny_dit):
     assert record.seconds > 0
     text = str(report)
     assert "redundancy" in text and "fired cse" in text and "nodes" in text
-    assert "timestep (inferred from the name 'timestep'" in text
+    assert "timestep [diffusion timestep]" in text
     decoded = json.loads(report.to_json())
     assert decoded["graphs"][0]["passes"][0]["matches"]["cse"] == record.matches["cse"]
 
