@@ -31,6 +31,29 @@ def test_tiny_dit_is_one_graph_without_breaks_and_bit_identical(tiny_dit):
     report = compiled.kopt_report
     assert len(report.graphs) == 1 and report.graph_breaks == []
     assert report.graphs[0].passes == []
+    assert "original graph" in report.graphs[0].lowering  # nothing fired: exactly what torch.compile lowers
+
+
+def test_graph_breaks_are_reported():
+    """A model dynamo must split shows two graphs and the break's reason."""
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.a(x)
+            torch._dynamo.graph_break()
+            return self.b(y)
+
+    model = Breaks().eval()
+    compiled = kopt.compile(model, passes=[], lower="eager")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x))
+    report = compiled.kopt_report
+    assert len(report.graphs) == 2 and len(report.graph_breaks) >= 1
+    assert "graph break" in str(report)
 
 
 def test_captured_graph_has_frozen_constants_meta_and_roles(tiny_dit):

@@ -51,3 +51,8 @@ def test_qwen_negative_prompt_is_masked():
     workload = get_workload("qwen-image")
     cond, uncond = workload.inputs(seed=0), workload.inputs(seed=0, negative=True)
     assert cond["encoder_hidden_states_mask"].all() and not uncond["encoder_hidden_states_mask"].all()
+
+
+def test_full_size_on_cpu_is_refused_with_a_way_out():
+    with pytest.raises(ValueError, match="device='meta'"):
+        get_workload("qwen-image").model("full")

@@ -41,6 +41,9 @@ class Workload:
         """Build the model directly on ``device`` in ``dtype`` (no full-precision CPU copy first)."""
         if size not in ("tiny", "full"):
             raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+        if size == "full" and torch.device(device).type == "cpu":
+            raise ValueError(f"{self.name} at full size has tens of billions of parameters: build it on a GPU "
+                             "(device='cuda') or on device='meta' to inspect its graph without memory")
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
