@@ -20,7 +20,8 @@ def test_report_lists_each_pass_with_counts_and_timing(tiny_dit):
     """Every pass appears with its why, contract, rule counts, before/after census and time."""
     compiled = _compile_dit(*tiny_dit)
     report = compiled.kopt_report
-    (record,) = report.graphs[0].passes
+    record = report.graphs[0].passes[0]
+    assert [r.name for r in report.graphs[0].passes] == [p.name for p in kopt.default_pipeline()]
     assert record.name == "redundancy" and record.contract == "exact" and record.why
     assert record.matches["cse"] > 0 and record.total_matches == report.matches("redundancy")
     assert record.after["nodes"] < record.before["nodes"]
@@ -66,9 +67,10 @@ def test_fuel_limits_rewrites(tiny_dit, monkeypatch):
     """KOPT_FUEL=N applies N rewrites and reports the rest as out of fuel; output stays exact."""
     workload, model, inputs = tiny_dit
     monkeypatch.setenv("KOPT_FUEL", "3")
-    compiled = _compile_dit(workload, model, inputs, verify=True)
-    (record,) = compiled.kopt_report.graphs[0].passes
+    compiled = _compile_dit(workload, model, inputs, passes=["redundancy", "sibling-merge"], verify=True)
+    record, merge = compiled.kopt_report.graphs[0].passes
     assert record.matches.get("cse", 0) + record.matches.get("identity-view-or-cast", 0) == 3
     assert any("fuel" in miss.reason for miss in record.near_misses)
+    assert merge.total_matches == 0  # no fuel left for it
     with torch.no_grad():
         assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])

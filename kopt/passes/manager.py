@@ -71,6 +71,7 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
             graph_module.recompile()
             status = f"skipped: {type(error).__name__}: {error}"
             ctx.matches.clear()
+            ctx.notes.clear()
         seconds = time.perf_counter() - start
         _dump(trace_dir, graph_index, stem + "_after", graph_module)
         record = PassRecord(rewrite.name, rewrite.why, rewrite.contract.describe(), status,

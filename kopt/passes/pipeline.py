@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from kopt.passes.base import Pass
 from kopt.passes.redundancy import RedundancyElimination
+from kopt.passes.sibling_merge import SiblingProjectionMerge
 
 PassSpec = str | Pass | Sequence[str | Pass]
 
@@ -18,6 +19,7 @@ def default_pipeline() -> list[Pass]:
     """The passes ``"auto"`` runs, in order."""
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
+        SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
     ]
 
 

@@ -1,0 +1,44 @@
+"""Reading and creating the constants (frozen weights) of a captured graph."""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+aten = torch.ops.aten
+
+
+def constant_value(node: object) -> torch.Tensor | None:
+    """The tensor behind a ``get_attr`` node, or None if ``node`` is not a constant."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return None
+    value = node.graph.owning_module
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def transposed_constant(node: object) -> torch.fx.Node | None:
+    """``W`` if ``node`` is ``W.t()`` (or ``permute(W, [1, 0])``) of a 2-D constant, else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    if node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0]):
+        source = node.args[0]
+        value = constant_value(source)
+        if value is not None and value.dim() == 2:
+            return source  # type: ignore[return-value]
+    return None
+
+
+def add_constant(graph_module: torch.fx.GraphModule, stem: str, value: torch.Tensor,
+                 before: torch.fx.Node) -> torch.fx.Node:
+    """Attach ``value`` to the module under a fresh name and return a ``get_attr`` node for it."""
+    index = 0
+    while hasattr(graph_module, f"{stem}{index}"):
+        index += 1
+    name = f"{stem}{index}"
+    graph_module.register_buffer(name, value, persistent=False)
+    with graph_module.graph.inserting_before(before):
+        node = graph_module.graph.get_attr(name)
+    node.meta["val"] = FakeTensorMode(allow_non_fake_inputs=True).from_tensor(value)
+    return node
