@@ -64,16 +64,20 @@ def _outermost_aten(event: Any) -> str:
     return name
 
 
-def _device_events(prof: profile) -> list[tuple[str, float]]:
-    """(name, microseconds) of every GPU-side event: kernels, memcpy, memset."""
-    return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+def _device_events(prof: profile) -> list[tuple[str, float, bool]]:
+    """(name, microseconds, True) for every GPU-side event: kernels, memcpy, memset."""
+    return [(e.name, e.time_range.elapsed_us(), True) for e in prof.events()
             if e.device_type == DeviceType.CUDA]
 
 
-def _cpu_op_events(prof: profile) -> list[tuple[str, float]]:
-    """(category-bearing name, self microseconds) of every CPU op, attributed to its outermost aten op."""
-    return [(_outermost_aten(e), e.self_cpu_time_total) for e in prof.events()
-            if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0]
+def _cpu_op_events(prof: profile) -> list[tuple[str, float, bool]]:
+    """(outermost aten op, self microseconds, is that op itself) for every CPU event with self time."""
+    events = []
+    for e in prof.events():
+        if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0:
+            owner = _outermost_aten(e)
+            events.append((owner, e.self_cpu_time_total, owner == e.name))
+    return events
 
 
 def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int = 3,
@@ -95,10 +99,10 @@ def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int
     events = _device_events(prof) if on_cuda else _cpu_op_events(prof)
     per_category: dict[str, float] = {c: 0.0 for c in CATEGORIES}
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for name, micros in events:
+    for name, micros, is_call in events:
         per_category[classify(name)] += micros
         per_name[name][0] += micros
-        per_name[name][1] += 1
+        per_name[name][1] += is_call
     scale = 1e-3 / forwards  # microseconds over all forwards -> ms per forward
     ranked = sorted(per_name.items(), key=lambda item: -item[1][0])[:top]
     return {

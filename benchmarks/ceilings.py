@@ -33,7 +33,6 @@ def copy_bandwidth_tbs(device: torch.device, nbytes: int = 2 << 30) -> float:
     src = torch.randn(nbytes // 2, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     ms = _median_ms(lambda: dst.copy_(src), device)
-    del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e12
 
 

@@ -27,17 +27,27 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repo root.
+    # Appended, not prepended, so an installed kopt (with kopt.kernels mapped from kernels/) wins
+    # over the bare source folder of the same name.
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 import torch
 
 from benchmarks import results_io
 from benchmarks.breakdown import profile_breakdown
 from benchmarks.ceilings import count_flops, floors, measure_ceilings
-from benchmarks.measure import (allocated_gb, benchmark, compare, first_tensor, free_compiled_state,
-                                peak_memory_gb, reset_peak_memory)
+from benchmarks.measure import (
+    allocated_gb,
+    benchmark,
+    compare,
+    first_tensor,
+    free_compiled_state,
+    peak_memory_gb,
+    reset_peak_memory,
+)
 from benchmarks.variants import Prepared, Setup, Variant, all_variants, select
+from kopt.workloads import Workload, get_workload
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -70,9 +80,11 @@ class Run:
     def device(self) -> torch.device:
         return self.setup.device
 
-    def save(self, png: bool = False) -> None:
+    def save(self, png: bool = False, pending: list[dict[str, Any]] | None = None) -> None:
+        """Rewrite the JSON/markdown (and PNG); ``pending`` rows of the running variant are included."""
         name = results_io.stem(self.setup.size, self.results["models"], self.args.tag)
-        for note in results_io.write_all(self.results, Path(self.args.out), name, png=png):
+        results = {**self.results, "rows": self.results["rows"] + (pending or [])}
+        for note in results_io.write_all(results, Path(self.args.out), name, png=png):
             self.log(note)
 
 
@@ -151,7 +163,7 @@ class ModelState:
     """Per model: the workload, the shared model, inputs and eager references."""
 
     name: str
-    workload: Any
+    workload: Workload
     model: torch.nn.Module
     inputs: dict[str, Any]
     negative: dict[str, Any]
@@ -173,6 +185,7 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
         run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward",
                                          "gap_ms": gap, **breakdown})
         forward["launches"] = breakdown["launches"]
+    run.save(pending=rows)  # the forward row survives a time-out during the CFG measurement
     if variant.cfg_pair:
         pair = lambda: state.workload.cfg_pair(fn, state.inputs, state.negative)  # noqa: E731
         cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg)
@@ -188,7 +201,11 @@ def run_variant(run: Run, state: ModelState, variant: Variant) -> None:
     prepared: Prepared | None = None
     rows: list[dict[str, Any]] = []
     try:
+        start = time.perf_counter()
         prepared = variant.prepare(state.model, run.setup)
+        prepare_s = time.perf_counter() - start
+        if prepare_s >= 0.1:  # e.g. FP8 weight quantization; kopt and torch.compile are lazy
+            prepared.notes.append(f"prepare {prepare_s:.1f} s")
         _measure_variant(run, state, variant, prepared, rows)
     except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
         run.log(f"  {variant.name} FAILED: {type(error).__name__}: {error}")
@@ -221,8 +238,6 @@ def over_budget(run: Run, variant: Variant) -> str | None:
 
 def build_state(run: Run, name: str) -> ModelState:
     """Build the model once, its inputs, and the eager references (forward and CFG pair)."""
-    from kopt.workloads import get_workload
-
     workload = get_workload(name)
     size, device, dtype = run.setup.size, run.device, run.setup.dtype
     torch.manual_seed(0)
@@ -238,12 +253,23 @@ def build_state(run: Run, name: str) -> ModelState:
     return ModelState(name, workload, model, inputs, negative, reference, reference_cfg)
 
 
+def _count_flops(run: Run, state: ModelState) -> dict[str, Any] | None:
+    """FLOPs of one eager forward; None (logged) if counting fails: the timings matter more."""
+    try:
+        flops = count_flops(state.model, state.inputs)
+    except Exception as error:  # noqa: BLE001
+        run.log(f"{state.name}: FLOP counting failed: {type(error).__name__}: {error}")
+        return None
+    run.log(f"{state.name}: {flops['total'] / 1e12:.4f} TFLOP per forward (GEMM {flops['gemm'] / 1e12:.4f}, "
+            f"attention {flops['attention'] / 1e12:.4f}; by op {flops['by_op']})")
+    return flops
+
+
 def run_model(run: Run, name: str) -> None:
+    """Build ``name`` once, count its FLOPs, run every selected variant on it, then its floor."""
     state = build_state(run, name)
     info = run.results["per_model"][name]
-    info["flops"] = count_flops(state.model, state.inputs)
-    run.log(f"{name}: {info['flops']['total'] / 1e12:.3f} TFLOP per forward "
-            f"(GEMM {info['flops']['gemm'] / 1e12:.3f}, attention {info['flops']['attention'] / 1e12:.3f})")
+    info["flops"] = _count_flops(run, state)
     for variant in run.variants:
         skipped = over_budget(run, variant)
         if skipped:
@@ -290,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["per_model"].setdefault(name, {})["error"] = f"{type(error).__name__}: {error}"
             run.save()
     run.save(png=True)
-    log(f"wrote {Path(args.out) / results_io.stem(args.size, args.models, args.tag)}.{{json,md,png}}")
+    log(f"wrote {Path(args.out) / results_io.stem(args.size, args.models, args.tag)}.json and .md (.png unless noted)")
     print("\n" + results_io.short_table(results["rows"]), flush=True)
     return 0
 

@@ -113,8 +113,8 @@ def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
         notes = r.get("status", "ok") if r.get("status", "ok") != "ok" else "; ".join(r.get("notes", []))
         lines.append(f"| {r['model']} | {r['variant']} | {r['call']} | {_fmt(r.get('median_ms'))} | {speedup} "
                      f"| {_fmt(r.get('compile_s'), 1)} | {_fmt(r.get('peak_mem_gb'), 1)} "
-                     f"| {_fmt(r.get('rel_err'), 4, scientific=True)} | {_fmt(r.get('cosine'), 6)} | {_fmt(r.get('launches'), 0)} "
-                     f"| {notes} |")
+                     f"| {_fmt(r.get('rel_err'), 4, scientific=True)} | {_fmt(r.get('cosine'), 6)} "
+                     f"| {_fmt(r.get('launches'), 0)} | {notes} |")
     return "\n".join(lines)
 
 
@@ -125,7 +125,8 @@ def short_table(rows: Sequence[Mapping[str, Any]]) -> str:
     for r in with_speedups(rows):
         speedup = f"{r['speedup_vs_eager']:.2f}×" if r.get("speedup_vs_eager") else "–"
         lines.append(f"| {r['model']} | {r['variant']} | {r['call']} | {_fmt(r.get('median_ms'))} | {speedup} "
-                     f"| {_fmt(r.get('compile_s'), 1)} | {_fmt(r.get('rel_err'), 4, scientific=True)} | {r.get('status', 'ok')} |")
+                     f"| {_fmt(r.get('compile_s'), 1)} | {_fmt(r.get('rel_err'), 4, scientific=True)} "
+                     f"| {r.get('status', 'ok')} |")
     return "\n".join(lines)
 
 
@@ -141,6 +142,14 @@ def breakdown_table(breakdowns: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _flop(count: int) -> str:
+    """12.3 TFLOP / 14.5 MFLOP: tiny and full models differ by six orders of magnitude."""
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if count >= scale:
+            return f"{count / scale:.3f} {unit}"
+    return f"{count} FLOP"
+
+
 def render_markdown(results: Mapping[str, Any]) -> str:
     """The whole report as markdown: header, rows, breakdown, ceilings and floors."""
     meta = results["meta"]
@@ -149,8 +158,9 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"{meta['device']} · torch {meta['torch']} · triton {meta['triton']} · diffusers {meta['diffusers']} "
         f"· {meta['date']} · commit {(meta['git_commit'] or 'unknown')[:12]}"
         f"{' (dirty)' if meta.get('git_dirty') else ''}",
-        f"batch 1, 4096 image tokens (full), one transformer forward; median of {results['repeats']} "
-        f"after {results['warmup']} warm-up; rel err / cosine vs eager in float64.",
+        f"{'batch 1, 4096 image tokens' if results['size'] == 'full' else 'tiny configs (timings mean nothing)'}"
+        f", {results['dtype']}, one transformer forward; median of {results['repeats']} after "
+        f"{results['warmup']} warm-up; rel err / cosine vs eager in float64.",
         "## Rows", rows_table(results["rows"]),
     ]
     if results.get("breakdown"):
@@ -164,9 +174,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     for model, info in results.get("per_model", {}).items():
         flops, floor = info.get("flops"), info.get("floor")
         if flops:
-            parts.append(f"**{model}**: {flops['total'] / 1e12:.3f} TFLOP per forward "
-                         f"(GEMM {flops['gemm'] / 1e12:.3f}, attention {flops['attention'] / 1e12:.3f}; "
-                         f"{flops['method']})")
+            parts.append(f"**{model}**: {_flop(flops['total'])} per forward (GEMM {_flop(flops['gemm'])}, "
+                         f"attention {_flop(flops['attention'])}; {flops['method']})")
         if floor:
             parts.append(f"floor: bf16 {floor['floor_bf16_ms']} ms, FP8 {floor['floor_fp8_ms']} ms ({floor['note']})")
     return "\n\n".join(parts) + "\n"
@@ -187,7 +196,7 @@ def write_png(results: Mapping[str, Any], path: Path) -> str | None:
         return "no measured rows: skipped the PNG"
     height = 0.8 * len(models) + 0.4 * len(measured) + 0.6
     fig, axes = plt.subplots(len(models), 1, figsize=(9, height), squeeze=False)
-    for ax, model in zip(axes[:, 0], models):
+    for ax, model in zip(axes[:, 0], models, strict=True):
         rows = [r for r in measured if r["model"] == model]
         labels = [f"{r['variant']} ({r['call']})" for r in rows]
         values = [r["median_ms"] for r in rows]
@@ -198,7 +207,7 @@ def write_png(results: Mapping[str, Any], path: Path) -> str | None:
         for y, value in enumerate(values):
             ax.text(value, y, f" {value:.1f}", va="center", fontsize=8)
         ax.set_title(f"{model} ({results['size']}, {results['meta']['device']})", fontsize=10)
-        ax.set_xlabel("median ms (lower is better)")
+        ax.set_xlabel("median ms (lower is better); gray: eager, blue: forward, orange: CFG pair")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

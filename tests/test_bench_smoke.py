@@ -1,0 +1,112 @@
+"""Smoke test of the DiT benchmark harness: the CLI runs on tiny models and writes sane results.
+
+Timings on the CPU mean nothing; this checks the plumbing (rows per variant, errors against eager,
+breakdown, output files) with the cheap variants only (no Inductor: it takes tens of seconds per
+graph on a small CPU), plus the pieces whose logic the numbers depend on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.breakdown import classify
+from benchmarks.fp8_baseline import RowwiseFp8Linear, quantize_linears
+from benchmarks.variants import select
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = ("eager", "kopt-eager", "fp8-eager")
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench")
+    command = [sys.executable, str(REPO / "benchmarks" / "dit.py"), "--size", "tiny", "--device", "cpu",
+               "--variants", ",".join(VARIANTS), "--repeats", "1", "--warmup", "0",
+               "--profile-forwards", "1", "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.rstrip().splitlines()[-1].startswith("|"), "the markdown table must come last"
+    stem = out / "dit-tiny-qwen-image+flux2"
+    assert stem.with_suffix(".md").exists()
+    return json.loads(stem.with_suffix(".json").read_text())
+
+
+def _row(results: dict, model: str, variant: str, call: str = "forward") -> dict:
+    (row,) = [r for r in results["rows"] if (r["model"], r["variant"], r["call"]) == (model, variant, call)]
+    return row
+
+
+@pytest.mark.parametrize("model", ["qwen-image", "flux2"])
+def test_every_requested_variant_has_a_finite_measured_row(tiny_results: dict, model: str) -> None:
+    for variant in VARIANTS:
+        row = _row(tiny_results, model, variant)
+        assert row["status"] == "ok", row["status"]
+        assert row["rel_err"] is not None and math.isfinite(row["rel_err"])
+        assert row["median_ms"] > 0 and row["peak_mem_gb"] is None  # CPU: no peak memory
+    assert _row(tiny_results, model, "eager")["rel_err"] == 0.0
+    assert _row(tiny_results, model, "kopt-eager")["rel_err"] < 1e-5
+    assert _row(tiny_results, model, "kopt-eager", "cfg-pair")["rel_err"] < 1e-5
+    assert _row(tiny_results, model, "fp8-eager")["cosine"] > 0.9
+
+
+def test_results_carry_breakdown_flops_and_kopt_report(tiny_results: dict) -> None:
+    assert {(b["model"], b["variant"]) for b in tiny_results["breakdown"]} == {
+        (m, v) for m in ("qwen-image", "flux2") for v in VARIANTS}
+    assert all(b["kernel_ms"] > 0 for b in tiny_results["breakdown"])
+    assert all(info["flops"]["gemm"] > 0 for info in tiny_results["per_model"].values())
+    assert "qwen-image/kopt-eager" in tiny_results["kopt_reports"]
+    assert tiny_results["ceilings"] is None  # GPU only
+
+
+@pytest.mark.parametrize("name, category", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"), ("nvjet_tst_192x192_64x4", "gemm"),
+    ("void cutlass::device_kernel<f8f8bf16_rowwise>", "gemm"), ("triton_tem_fused_mm_3", "gemm"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
+    ("triton_poi_fused__scaled_dot_product_flash_attention_0", "norm_elementwise"),
+    ("void at::native::vectorized_layer_norm_kernel<c10::BFloat16>", "norm_elementwise"),
+    ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "copies"),
+    ("void at::native::CatArrayBatchedCopy<>", "copies"), ("Memcpy DtoD (Device -> Device)", "copies"),
+    ("some_unknown_kernel", "other"),
+])
+def test_kernel_names_are_classified(name: str, category: str) -> None:
+    assert classify(name) == category
+
+
+def test_fp8_linear_tracks_the_bf16_linear_and_drops_its_weight() -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 5, 64)
+    fp8 = RowwiseFp8Linear(linear)
+    reference, output = linear(x), fp8(x)
+    cosine = torch.nn.functional.cosine_similarity(output.flatten(), reference.flatten(), dim=0)
+    assert output.shape == reference.shape and output.dtype == x.dtype and cosine > 0.99
+    assert not any(True for _ in fp8.parameters())  # only fp8 buffers and scales are kept
+
+
+def test_quantize_replaces_block_linears_only_and_is_idempotent() -> None:
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 32)
+
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([Block(), Block()])
+    model.head = torch.nn.Linear(32, 32)
+    assert quantize_linears(model, min_features=16)[0] == 2
+    assert isinstance(model.head, torch.nn.Linear)
+    assert quantize_linears(model, min_features=16)[0] == 0
+
+
+def test_model_mutating_variants_run_last() -> None:
+    names = [v.name for v in select("fp8,eager,kopt", "full", whole_model=False)]
+    assert names == ["eager", "kopt", "fp8+torch.compile"]
+    assert "torch.compile-full" not in [v.name for v in select("auto", "full", whole_model=False)]
+    assert "torch.compile-full" in [v.name for v in select("auto", "full", whole_model=True)]
