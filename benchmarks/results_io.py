@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def run_metadata(device: torch.device) -> dict[str, Any]:
         "kopt": _version("kopt"),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git("rev-parse", "HEAD"),
+        # the device machine gets the working tree without .git: the caller passes KOPT_COMMIT
+        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("KOPT_COMMIT"),
         "git_dirty": None if dirty is None else bool(dirty),
         "command": " ".join(sys.argv),
     }
