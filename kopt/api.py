@@ -30,7 +30,8 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  verify: bool = False, strict: bool = False,
                  roles: Mapping[str, Role | str] | None = None,
                  on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
-                 trace: str | Path | None = None, fuel: int | None = None) -> KoptBackend:
+                 trace: str | Path | None = None, fuel: int | None = None,
+                 memo_entries: int = 2) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
     options = CompileOptions.from_environment(
         lower=_enum(Lowering, lower, "lower"),
@@ -40,6 +41,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
         on_weight_change=_enum(WeightChange, on_weight_change, "on_weight_change"),
         trace_dir=Path(trace) if trace is not None else None,
         fuel=fuel,
+        memo_entries=memo_entries,
     )
     return KoptBackend(passes, options)
 
@@ -97,7 +99,7 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             lower: Lowering | str = Lowering.INDUCTOR, verify: bool = False, strict: bool = False,
             roles: Mapping[str, Role | str] | None = None,
             on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
-            trace: str | Path | None = None, fuel: int | None = None,
+            trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = False) -> KoptModule:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
@@ -115,11 +117,13 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             ``"recompile"`` (default), ``"raise"`` or ``"ignore"``.
         trace: folder for each pass's graph before/after (``KOPT_DEBUG=1`` uses ``kopt_debug``).
         fuel: apply only the first ``fuel`` rewrites (``KOPT_FUEL``), to bisect numerics.
+        memo_entries: step-invariant results kept (one per distinct timestep/guidance value).
         fullgraph, dynamic: passed to ``torch.compile``; kopt rewrites static-shape graphs.
 
     Returns:
         A :class:`KoptModule`; compilation happens at the first call.
     """
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
-                           on_weight_change=on_weight_change, trace=trace, fuel=fuel)
+                           on_weight_change=on_weight_change, trace=trace, fuel=fuel,
+                           memo_entries=memo_entries)
     return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic)

@@ -22,10 +22,12 @@ import torch
 from kopt.config import CompileOptions, Lowering, WeightChange
 from kopt.fx.capture import CaptureUnsupported, CapturedGraph, capture
 from kopt.fx.roles import InputRole, classify_inputs
+from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
 from kopt.lower import lower
 from kopt.passes.base import Contract, Fuel, Pass
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import PassSpec, resolve
+from kopt.passes.staging import HOIST_KEY
 from kopt.report import GraphReport, Report
 from kopt.verify import compare
 
@@ -60,6 +62,7 @@ class CompiledGraph:
         self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
                               for r in roles]
         self.report.passes, self.report.verification, self.report.fallback = [], [], None
+        self.report.memo = None
         self.captured: CapturedGraph | None = None
         self._signature: list[tuple[int, int, int]] = []
         start = time.perf_counter()
@@ -70,7 +73,7 @@ class CompiledGraph:
         if rewritten is not None and self._verified(example_inputs, rewritten):
             self.captured = rewritten
             self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
-            self.runner = lower(rewritten.graph_module, rewritten.user_args(example_inputs), options.lower)
+            self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
         else:
             original = self.dynamo_graph.forward if options.lower is Lowering.EAGER else None
             self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
@@ -78,6 +81,21 @@ class CompiledGraph:
                 self.report.lowering += " (original graph: no rewrite fired)"
         self.report.compile_seconds = time.perf_counter() - start
         self.generation = self.backend.generation
+
+    def _lower_rewritten(self, rewritten: CapturedGraph, user_args: list[Any]) -> Callable[..., Any]:
+        """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier."""
+        options, graph_module = self.backend.options, rewritten.graph_module
+        frontier = graph_module.meta.get(HOIST_KEY)
+        if not frontier:
+            return lower(graph_module, user_args, options.lower)
+        split = split_stages(graph_module, frontier)
+        keys = [user_args[i] for i in split.key_positions]
+        with torch.no_grad():
+            hoisted = list(split.invariant(*keys))
+        invariant = lower(split.invariant, keys, options.lower)
+        main = lower(split.main, user_args + hoisted, options.lower)
+        self.report.memo = MemoStats()
+        return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)
 
     def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole]) -> CapturedGraph | None:
         options = self.backend.options

@@ -48,6 +48,8 @@ class CompileOptions:
         on_weight_change: policy when frozen weights change after compiling.
         trace_dir: where to write each pass's graph before/after (``KOPT_DEBUG=1`` sets ``kopt_debug``).
         fuel: apply only the first N rewrites (``KOPT_FUEL``), to bisect a numerics bug to one rewrite.
+        memo_entries: how many step-invariant results (one per distinct timestep/guidance value) to
+            keep; 2 covers a CFG pair plus the step before.
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -57,6 +59,7 @@ class CompileOptions:
     on_weight_change: WeightChange = WeightChange.RECOMPILE
     trace_dir: Path | None = None
     fuel: int | None = None
+    memo_entries: int = 2
 
     @staticmethod
     def from_environment(**overrides: object) -> CompileOptions:

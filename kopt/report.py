@@ -45,6 +45,7 @@ class GraphReport:
     fallback: str | None = None  # why the original graph runs instead of the rewritten one
     verification: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     weight_refreshes: int = 0
+    memo: Any = None  # kopt.fx.staged_program.MemoStats of the step-invariant stage, live
 
 
 @dataclasses.dataclass
@@ -115,6 +116,9 @@ def render(report: Report, max_near_misses: int = 5) -> str:
                 lines.append(f"      note: {note}")
         for check in graph.verification:
             lines.append(f"  verify output {check['output']}: {check['verdict']}")
+        if graph.memo is not None:
+            lines.append(f"  step-invariant memo: {graph.memo.hits} hits, {graph.memo.misses} misses, "
+                         f"{graph.memo.evictions} evictions")
         if graph.weight_refreshes:
             lines.append(f"  recompiled {graph.weight_refreshes}× after weights changed")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from kopt.passes.base import Pass
 from kopt.passes.redundancy import RedundancyElimination
 from kopt.passes.sibling_merge import SiblingProjectionMerge
+from kopt.passes.staging import BindingTimeStaging
 
 PassSpec = str | Pass | Sequence[str | Pass]
 
@@ -20,6 +21,7 @@ def default_pipeline() -> list[Pass]:
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
         SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
+        BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kopt.fx.binding_time import is_pure
 from kopt.fx.graph_utils import replace
 from kopt.passes.base import Contract, Pass, PassContext
 
@@ -18,21 +19,6 @@ aten = torch.ops.aten
 _NOOP_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                aten.expand.default, aten.alias.default}
 _NOOP_COPIES = {aten.clone.default, aten._to_copy.default, aten.contiguous.default}
-
-
-def _is_pure(node: torch.fx.Node) -> bool:
-    if node.op == "get_attr":
-        return True  # reading the same constant twice
-    if node.op != "call_function" or node.is_impure():
-        return False
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None:
-        if schema.is_mutable:
-            return False
-        tags = getattr(node.target, "tags", ())
-        if torch.Tag.nondeterministic_seeded in tags or torch.Tag.nondeterministic_bitwise in tags:
-            return False
-    return True
 
 
 def _key(node: torch.fx.Node) -> object:
@@ -84,7 +70,7 @@ class RedundancyElimination(Pass):
         graph = graph_module.graph
         seen: dict[object, torch.fx.Node] = {}
         for node in list(graph.nodes):
-            if not _is_pure(node):
+            if not is_pure(node):
                 continue
             if node.op == "call_function" and _noop_reason(node) and ctx.fire("identity-view-or-cast", node):
                 replace(node, node.args[0], pass_name=self.name, rule="identity-view-or-cast")

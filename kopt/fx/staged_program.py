@@ -1,0 +1,132 @@
+"""Run a graph in two stages: the hoisted step-invariant part only when its inputs' values change.
+
+``split_stages`` cuts a graph whose step-invariant frontier was marked by the staging pass into
+
+    invariant(*key_inputs) -> frontier values
+    main(*all_inputs, *frontier values) -> outputs
+
+and :class:`StagedProgram` calls ``invariant`` through a small LRU memo keyed on the *bytes* of
+the key inputs (a pipeline builds a new ``timestep / 1000`` tensor for every call, so identity
+would never hit; equal bytes mean equal values, so a hit returns exactly what a recomputation
+would). The memo holds at most ``capacity`` entries, so a long denoising loop cannot grow it.
+Reading the key values copies a few bytes to the host, which waits for the GPU work queued
+before the call.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass
+class StageSplit:
+    invariant: torch.fx.GraphModule
+    main: torch.fx.GraphModule
+    key_positions: list[int]  # which of the original inputs the invariant stage reads
+
+
+def split_stages(graph_module: torch.fx.GraphModule, frontier_names: Sequence[str]) -> StageSplit:
+    """Cut ``graph_module`` at the named frontier nodes (see the module docstring)."""
+    by_name = {n.name: n for n in graph_module.graph.nodes}
+    missing = [name for name in frontier_names if name not in by_name]
+    if missing:
+        raise KeyError(f"frontier values {missing} no longer exist (a later pass removed them)")
+    frontier = [by_name[name] for name in frontier_names]
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+
+    hoisted: set[torch.fx.Node] = set()
+    stack = list(frontier)
+    while stack:
+        node = stack.pop()
+        if node not in hoisted:
+            hoisted.add(node)
+            stack.extend(node.all_input_nodes)
+    keys = [p for p in placeholders if p in hoisted]
+
+    invariant_graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph_module.graph.nodes:
+        if node in hoisted:
+            env[node] = invariant_graph.node_copy(node, lambda n: env[n])
+    invariant_graph.output(tuple(env[n] for n in frontier))
+    invariant = torch.fx.GraphModule(graph_module, invariant_graph)
+
+    main_graph = torch.fx.Graph()
+    main_graph._codegen = graph_module.graph._codegen
+    env = {}
+    last_placeholder = placeholders[-1] if placeholders else None
+    inputs_for_frontier: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph_module.graph.nodes:
+        if node in frontier:
+            env[node] = inputs_for_frontier[node]
+            continue
+        env[node] = main_graph.node_copy(node, lambda n: env[n])
+        if node is last_placeholder or (last_placeholder is None and not inputs_for_frontier):
+            for index, value in enumerate(frontier):
+                placeholder = main_graph.placeholder(f"hoisted_{index}")
+                placeholder.meta = dict(value.meta)
+                inputs_for_frontier[value] = placeholder
+    main_graph.eliminate_dead_code()
+    main = torch.fx.GraphModule(graph_module, main_graph)
+    return StageSplit(invariant, main, [placeholders.index(k) for k in keys])
+
+
+def value_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
+    """A hashable key equal exactly when the inputs have equal shape, dtype, device and bytes."""
+    parts = []
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+            parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, raw))
+        else:
+            parts.append(("value", tensor))
+    return tuple(parts)
+
+
+@dataclasses.dataclass
+class MemoStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    entries: int = 0
+
+
+class StagedProgram:
+    """``main(*inputs, *invariant(*key inputs))`` with ``invariant`` memoized on input values."""
+
+    def __init__(self, invariant: Callable[..., Any], main: Callable[..., Any], key_positions: list[int],
+                 capacity: int = 2, stats: MemoStats | None = None) -> None:
+        if capacity < 1:
+            raise ValueError("the memo needs room for at least one entry")
+        self.invariant, self.main, self.key_positions = invariant, main, key_positions
+        self.capacity = capacity
+        self.stats = stats or MemoStats()
+        self._memo: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
+
+    def hoisted_values(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        keys = [args[i] for i in self.key_positions]
+        key = value_key(keys)
+        cached = self._memo.get(key)
+        if cached is not None:
+            self._memo.move_to_end(key)
+            self.stats.hits += 1
+            return cached
+        self.stats.misses += 1
+        values = tuple(self.invariant(*keys))
+        self._memo[key] = values
+        while len(self._memo) > self.capacity:
+            self._memo.popitem(last=False)
+            self.stats.evictions += 1
+        self.stats.entries = len(self._memo)
+        return values
+
+    def __call__(self, *args: Any) -> Any:
+        return self.main(*args, *self.hoisted_values(args))
+
+    def __len__(self) -> int:
+        return len(self._memo)

@@ -1,0 +1,145 @@
+"""Binding-time staging: constants folded, step-invariant work hoisted and memoized on values."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, settings
+
+import kopt
+from kopt.config import Role
+from kopt.fx.binding_time import binding_times
+from kopt.fx.capture import trace_function
+from kopt.fx.staged_program import StagedProgram, split_stages, value_key
+from kopt.passes.base import PassContext
+from kopt.passes.staging import HOIST_KEY, BindingTimeStaging
+from kopt.workloads import get_workload
+
+aten = torch.ops.aten
+EXPECTED_FOLDS = {"qwen-image": 5, "flux2": 2}  # Qwen: RoPE tables from shapes; FLUX.2: scalar tables
+
+
+def test_fires_on_tiny_dits_and_cfg_pair_hits_the_memo(tiny_dit):
+    """Folds and hoists on both models; the CFG pair's second call reuses the first's stage."""
+    workload, model, inputs = tiny_dit
+    compiled = kopt.compile(model, lower="eager", verify=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+        record = compiled.kopt_report.pass_records("staging")[0]
+        assert record.matches["fold-constant"] == EXPECTED_FOLDS[workload.name]
+        assert record.matches["hoist-step-invariant"] == 1
+        memo = compiled.kopt_report.graphs[0].memo
+        hits, misses = memo.hits, memo.misses
+        cond, uncond = workload.inputs("tiny", seed=5), workload.inputs("tiny", seed=6, negative=True)
+        out_cond, out_uncond = workload.cfg_pair(compiled, cond, uncond, t=321.0)
+        ref_cond, ref_uncond = workload.cfg_pair(model, cond, uncond, t=321.0)
+    assert torch.equal(out_cond[0], ref_cond[0]) and torch.equal(out_uncond[0], ref_uncond[0])
+    assert (memo.misses - misses, memo.hits - hits) == (1, 1)
+
+
+@pytest.fixture(scope="module")
+def compiled_flux2():
+    torch._dynamo.reset()
+    workload = get_workload("flux2")
+    torch.manual_seed(1)
+    model = workload.model("tiny")
+    compiled = kopt.compile(model, lower="eager", memo_entries=2)
+    with torch.no_grad():
+        compiled(**workload.inputs("tiny", seed=0))
+    return workload, model, compiled
+
+
+@settings(max_examples=12, deadline=None)
+@given(steps=st.lists(st.sampled_from([0.0, 125.0, 500.0, 999.0, 1000.0]), min_size=1, max_size=8),
+       guidance=st.sampled_from([1.0, 3.5]), seed=st.integers(0, 1000))
+def test_property_timestep_sequences_with_repeats_and_changes(compiled_flux2, steps, guidance, seed):
+    """Any sequence of timesteps (repeats, changes, returns) gives eager's output bit for bit."""
+    workload, model, compiled = compiled_flux2
+    inputs = workload.inputs("tiny", seed=seed)
+    inputs["guidance"] = torch.full((1,), guidance)
+    with torch.no_grad():
+        for t in steps:
+            inputs["timestep"] = torch.full((1,), t) / 1000
+            assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+    memo = compiled.kopt_report.graphs[-1].memo
+    assert memo.entries <= 2 and memo.misses >= 1
+
+
+def test_memo_is_bounded_over_many_steps(compiled_flux2):
+    """Fifty denoising steps leave at most two entries; everything older was evicted."""
+    workload, model, compiled = compiled_flux2
+    inputs = workload.inputs("tiny", seed=3)
+    with torch.no_grad():
+        compiled(**inputs)  # (re)compiles: each test starts from a reset dynamo cache
+        memo = compiled.kopt_report.graphs[-1].memo
+        misses, evictions = memo.misses, memo.evictions
+        for step in range(50):
+            inputs["timestep"] = torch.full((1,), 1.0 - step / 50 - 1e-3)
+            compiled(**inputs)
+    assert memo.misses - misses == 50 and memo.entries == 2
+    assert memo.evictions - evictions >= 48
+
+
+def test_batch_whose_rows_share_a_timestep():
+    """Batch 2 with one shared timestep value: memoized stage, eager's output."""
+    workload = get_workload("flux2")
+    torch.manual_seed(2)
+    model = workload.model("tiny")
+    compiled = kopt.compile(model, lower="eager")
+    one = workload.inputs("tiny", seed=4)
+    batch = {k: (torch.cat([v, v.flip(0) if k == "hidden_states" else v]) if isinstance(v, torch.Tensor) else v)
+             for k, v in one.items()}
+    batch["hidden_states"] = torch.randn_like(batch["hidden_states"])
+    batch["timestep"] = torch.full((2,), 0.25)
+    batch["guidance"] = torch.full((2,), 4.0)
+    with torch.no_grad():
+        assert torch.equal(compiled(**batch)[0], model(**batch)[0])
+        batch["timestep"] = torch.full((2,), 0.75)
+        assert torch.equal(compiled(**batch)[0], model(**batch)[0])
+
+
+def _toy(x, t, w1, w2):
+    embedding = torch.nn.functional.silu(torch.cat([torch.sin(t), torch.cos(t)], -1) @ w1)
+    scale, shift = (embedding @ w2).chunk(2, dim=-1)
+    return x * (1 + scale) + shift
+
+
+def _traced_toy():
+    w1, w2, table = torch.randn(8, 16), torch.randn(16, 32), torch.arange(6.0)
+    fn = lambda x, t: _toy(x, t, w1, w2) + (table * 2).sum()  # noqa: E731
+    graph_module = trace_function(fn, torch.randn(3, 16), torch.randn(1, 4))
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    placeholders[0].meta["kopt_role"], placeholders[1].meta["kopt_role"] = Role.PER_CALL, Role.STEP_INVARIANT
+    return fn, graph_module
+
+
+def test_binding_times_and_golden_split():
+    """The GEMMs on t move to the invariant stage; the per-call stage keeps only x's elementwise work."""
+    fn, graph_module = _traced_toy()
+    times = binding_times(graph_module.graph)
+    mms = [n for n in graph_module.graph.nodes if n.target is aten.mm.default]
+    assert [times[n] for n in mms] == [Role.STEP_INVARIANT, Role.STEP_INVARIANT]
+    ctx = PassContext("staging")
+    BindingTimeStaging().apply(graph_module, ctx)
+    graph_module.recompile()
+    assert ctx.matches == {"fold-constant": 1, "hoist-step-invariant": 1}  # (table * 2).sum() folded
+    split = split_stages(graph_module, graph_module.meta[HOIST_KEY])
+    invariant_ops = {str(n.target) for n in split.invariant.graph.nodes if n.op == "call_function"}
+    main_ops = {str(n.target) for n in split.main.graph.nodes if n.op == "call_function"}
+    assert "aten.mm.default" in invariant_ops and "aten.mm.default" not in main_ops
+    assert "aten.sin.default" not in main_ops and split.key_positions == [1]
+    program = StagedProgram(split.invariant, split.main, split.key_positions)
+    x, t = torch.randn(3, 16), torch.randn(1, 4)
+    assert torch.equal(program(x, t), fn(x, t))
+    assert torch.equal(program(torch.randn(3, 16) * 0 + x, t.clone()), fn(x, t))
+    assert (program.stats.hits, program.stats.misses) == (1, 1)
+
+
+def test_value_key_distinguishes_values_dtypes_and_shapes():
+    a = torch.tensor([0.5])
+    assert value_key([a]) == value_key([a.clone()])
+    assert value_key([a]) != value_key([torch.tensor([0.25])])
+    assert value_key([a]) != value_key([a.double()])
+    assert value_key([a]) != value_key([a.reshape(())])
+    assert value_key([torch.tensor([0.0])]) != value_key([torch.tensor([-0.0])])  # different bytes: safe miss
