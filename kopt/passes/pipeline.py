@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kopt.passes.base import Pass
+from kopt.passes.bias_absorption import BiasAbsorption
 from kopt.passes.redundancy import RedundancyElimination
 from kopt.passes.sibling_merge import SiblingProjectionMerge
 from kopt.passes.staging import BindingTimeStaging
@@ -21,6 +22,7 @@ def default_pipeline() -> list[Pass]:
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
         SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
+        BiasAbsorption(),  # after the merge: merged GEMMs keep their bias when a split follows them
         BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
     ]
 
