@@ -60,4 +60,5 @@ def test_on_tiny_qwen_image():
         assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < 1e-5
     record = compiled.kopt_report.pass_records("bias-absorption")[0]
     assert record.matches == {"bias-into-epilogue": 13}
-    assert all("split_with_sizes" in m.reason for m in record.near_misses)
+    # the merged Q/K/V and modulation GEMMs are followed by a split: declined with that reason
+    assert sum("split_with_sizes" in m.reason for m in record.near_misses) == 5
