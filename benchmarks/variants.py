@@ -110,6 +110,17 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+def _ablations() -> dict[str, dict[str, Any]]:
+    """``kopt-no-<pass>``: the default pipeline with one pass left out (the ablation table)."""
+    from kopt.passes.pipeline import default_pipeline
+
+    names = [p.name for p in default_pipeline()]
+    return {f"kopt-no-{name}": dict(passes=[n for n in names if n != name]) for name in names}
+
+
+KOPT_OPTIONS.update(_ablations())
+
+
 def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
     def prepare(model: nn.Module, setup: Setup) -> Prepared:
         import kopt
@@ -147,7 +158,7 @@ def all_variants() -> list[Variant]:
 
 
 DEFAULT_FULL = ("eager", "torch.compile", "kopt", "fp8+torch.compile")
-DEFAULT_TINY = tuple(v.name for v in all_variants())
+DEFAULT_TINY = tuple(v.name for v in all_variants() if not v.name.startswith("kopt-no-"))
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:

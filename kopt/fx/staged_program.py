@@ -80,7 +80,9 @@ def value_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
     """A hashable key equal exactly when the inputs have equal shape, dtype, device and bytes."""
     parts = []
     for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
+            parts.append((tuple(tensor.shape), tensor.dtype, "meta"))  # no values: shapes are all there is
+        elif isinstance(tensor, torch.Tensor):
             raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
             parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, raw))
         else:
