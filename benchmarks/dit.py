@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import os
 import sys
 import time
@@ -171,23 +172,50 @@ class ModelState:
     reference_cfg: torch.Tensor
 
 
+def stepping_forward(workload: Workload, fn: Any, inputs: dict[str, Any]) -> Any:
+    """One forward per call, each (after the first) at a new timestep value, as in a denoising loop.
+
+    The first call uses the reference inputs (its output is compared with eager's); later calls
+    must not reuse one timestep value, or kopt's step-invariant memo would hit on every timed call
+    and the forward row would measure a cache instead of a denoising step.
+    """
+    calls = itertools.count()
+    name = workload.timestep_arg
+
+    def call() -> Any:
+        index = next(calls)
+        kwargs = dict(inputs)
+        if index and name in kwargs:
+            kwargs[name] = kwargs[name] + index * 1e-4
+        return fn(**kwargs)
+
+    return call
+
+
+def stepping_cfg_pair(workload: Workload, fn: Any, cond: dict[str, Any], uncond: dict[str, Any]) -> Any:
+    """One CFG pair per call, each (after the first) at a new timestep value; both halves share it."""
+    calls = itertools.count()
+    return lambda: workload.cfg_pair(fn, cond, uncond, t=500.0 + 0.1 * next(calls))
+
+
 def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Prepared,
                      rows: list[dict[str, Any]]) -> None:
     """Forward row, profiler breakdown, CFG-pair row, kopt report; appends rows as they finish."""
     fn = prepared.fn
-    forward = measure_row(run, state.name, variant.name, "forward", lambda: fn(**state.inputs),
-                          state.reference)
+    forward = measure_row(run, state.name, variant.name, "forward",
+                          stepping_forward(state.workload, fn, state.inputs), state.reference)
     forward["notes"] = list(prepared.notes)
     rows.append(forward)
     if run.args.profile_forwards > 0:
-        breakdown = profile_breakdown(lambda: fn(**state.inputs), run.device, run.args.profile_forwards)
+        breakdown = profile_breakdown(stepping_forward(state.workload, fn, state.inputs), run.device,
+                                      run.args.profile_forwards)
         gap = forward["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
         run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward",
                                          "gap_ms": gap, **breakdown})
         forward["launches"] = breakdown["launches"]
     run.save(pending=rows)  # the forward row survives a time-out during the CFG measurement
     if variant.cfg_pair:
-        pair = lambda: state.workload.cfg_pair(fn, state.inputs, state.negative)  # noqa: E731
+        pair = stepping_cfg_pair(state.workload, fn, state.inputs, state.negative)
         cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg)
         cfg["notes"] = list(prepared.notes)
         rows.append(cfg)
