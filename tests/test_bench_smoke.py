@@ -110,3 +110,24 @@ def test_model_mutating_variants_run_last() -> None:
     assert names == ["eager", "kopt", "fp8+torch.compile"]
     assert "torch.compile-full" not in [v.name for v in select("auto", "full", whole_model=False)]
     assert "torch.compile-full" in [v.name for v in select("auto", "full", whole_model=True)]
+
+
+def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():
+    """Timed calls walk through distinct timestep values (bf16), so a memo cannot hit across steps."""
+    from benchmarks.dit import stepping_cfg_pair, stepping_forward
+    from kopt.workloads import get_workload
+
+    seen = []
+    workload = get_workload("flux2")
+    inputs = workload.inputs("tiny", dtype=torch.bfloat16)
+    call = stepping_forward(workload, lambda **kw: seen.append(kw["timestep"]), inputs)
+    for _ in range(50):
+        call()
+    assert torch.equal(seen[0], inputs["timestep"])
+    assert len({t.item() for t in seen}) == 50
+    seen.clear()
+    pair = stepping_cfg_pair(workload, lambda **kw: seen.append(kw["timestep"]), inputs, inputs)
+    for _ in range(10):
+        pair()
+    values = [t.item() for t in seen]
+    assert values[0::2] == values[1::2] and len(set(values)) == 10
