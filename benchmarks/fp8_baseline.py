@@ -27,7 +27,7 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _TINY = 1e-12  # keeps all-zero rows from dividing by zero
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scaled_mm_rowwise_support(device_type: str) -> str | None:
     """None when rowwise ``_scaled_mm`` with a bf16 bias runs on ``device_type``, else the reason."""
     device = torch.device(device_type)

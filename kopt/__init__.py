@@ -9,7 +9,7 @@ from kopt.api import KoptModule, compile, make_backend
 from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError, last_backend_report
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
-from kopt.passes.by_example import Rule, RewritePass
+from kopt.passes.by_example import RewritePass, Rule
 from kopt.passes.pipeline import available_passes, default_pipeline
 from kopt.report import Report
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
-from kopt.passes.manager import PassFailed
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec
 from kopt.report import Report
 

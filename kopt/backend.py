@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kopt.config import CompileOptions, Lowering, WeightChange
-from kopt.fx.capture import CaptureUnsupported, CapturedGraph, capture
+from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
 from kopt.lower import lower
@@ -114,7 +114,7 @@ class CompiledGraph:
         if not self.backend.options.verify:
             return True
         contract = Contract.exact()
-        for record, rewrite in zip(self.report.passes, self.backend.passes):
+        for record, rewrite in zip(self.report.passes, self.backend.passes, strict=True):
             if record.total_matches:
                 contract = contract.combine(rewrite.contract)
         with torch.no_grad():

@@ -81,9 +81,9 @@ def _check(index: int, candidate: Any, reference: Any, contract: Contract) -> Ou
 
 def compare(candidate: Any, reference: Any, contract: Contract) -> list[OutputCheck]:
     """One :class:`OutputCheck` per leaf of the (matching) output structures."""
-    cand_leaves, cand_spec = pytree.tree_flatten(candidate)
-    ref_leaves, ref_spec = pytree.tree_flatten(reference)
+    cand_leaves, _cand_spec = pytree.tree_flatten(candidate)
+    ref_leaves, _ref_spec = pytree.tree_flatten(reference)
     if len(cand_leaves) != len(ref_leaves):
         return [OutputCheck(0, math.inf, 0.0, False,
                             f"{len(cand_leaves)} outputs where the original has {len(ref_leaves)}")]
-    return [_check(i, c, r, contract) for i, (c, r) in enumerate(zip(cand_leaves, ref_leaves))]
+    return [_check(i, c, r, contract) for i, (c, r) in enumerate(zip(cand_leaves, ref_leaves, strict=True))]

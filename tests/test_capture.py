@@ -23,7 +23,7 @@ class GraphSpy(kopt.Pass):
 
 def test_tiny_dit_is_one_graph_without_breaks_and_bit_identical(tiny_dit):
     """passes=[] captures the whole model as one graph and returns exactly eager's output."""
-    workload, model, inputs = tiny_dit
+    _workload, model, inputs = tiny_dit
     compiled = kopt.compile(model, passes=[], lower="eager")
     with torch.no_grad():
         reference, output = model(**inputs)[0], compiled(**inputs)[0]

@@ -39,7 +39,7 @@ WRONG = kopt.FunctionPass("wrong", "test: silently wrong", kopt.Contract.exact()
 
 def test_raising_pass_is_skipped_and_recorded(tiny_dit):
     """The model still runs, bit-identical, and the report names the error."""
-    workload, model, inputs = tiny_dit
+    _workload, model, inputs = tiny_dit
     compiled = kopt.compile(model, passes=[CORRUPTING, RAISING], lower="eager")
     with torch.no_grad():
         assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])

@@ -49,7 +49,7 @@ def test_golden_graph_one_gemm_then_split():
     (split,) = [n for n in graph_module.graph.nodes if n.target is aten.split_with_sizes.default]
     assert split.args[1] == [6, 4, 5]
     x = torch.randn(3, 8)
-    for got, want in zip(graph_module(x), qkv(x)):
+    for got, want in zip(graph_module(x), qkv(x), strict=True):
         assert rel_err(got, want) < 1e-6
 
 
@@ -77,12 +77,12 @@ def test_property_any_number_of_siblings(siblings, rows, features, outs, bias, d
     biases = [torch.randn(outs[i], generator=generator).to(dtype) if bias[i] else None for i in range(siblings)]
 
     def fn(x):
-        return tuple(torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases))
+        return tuple(torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases, strict=True))
 
     x = torch.randn(rows, features, generator=generator).to(dtype)
     graph_module = trace_function(fn, x)
     records = run_passes(graph_module, [RedundancyElimination(), SiblingProjectionMerge()], strict=True)
     assert records[1].matches == {"merge-siblings": 1}
     bound = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
-    for got, want in zip(graph_module(x), fn(x)):
+    for got, want in zip(graph_module(x), fn(x), strict=True):
         assert got.shape == want.shape and rel_err(got, want) <= bound

@@ -68,7 +68,7 @@ def test_property_timestep_sequences_with_repeats_and_changes(compiled_flux2, st
 
 def test_memo_is_bounded_over_many_steps(compiled_flux2):
     """Fifty denoising steps leave at most two entries; everything older was evicted."""
-    workload, model, compiled = compiled_flux2
+    workload, _model, compiled = compiled_flux2
     inputs = workload.inputs("tiny", seed=3)
     with torch.no_grad():
         compiled(**inputs)  # (re)compiles: each test starts from a reset dynamo cache
@@ -107,7 +107,8 @@ def _toy(x, t, w1, w2):
 
 def _traced_toy():
     w1, w2, table = torch.randn(8, 16), torch.randn(16, 32), torch.arange(6.0)
-    fn = lambda x, t: _toy(x, t, w1, w2) + (table * 2).sum()  # noqa: E731
+    def fn(x, t):
+        return _toy(x, t, w1, w2) + (table * 2).sum()
     graph_module = trace_function(fn, torch.randn(3, 16), torch.randn(1, 4))
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     placeholders[0].meta["kopt_role"], placeholders[1].meta["kopt_role"] = Role.PER_CALL, Role.STEP_INVARIANT

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kopt.workloads import Workload, get_workload
-from kopt.workloads import flux2
+from kopt.workloads import Workload, flux2, get_workload
 
 
 def make_linear_workload() -> Workload:

@@ -65,7 +65,7 @@ def capture(dynamo_graph: torch.fx.GraphModule, example_inputs: list[object],
 
     def with_frozen_constants(*user: torch.Tensor) -> object:
         args = list(example_inputs)
-        for position, value in zip(user_indices, user):
+        for position, value in zip(user_indices, user, strict=True):
             args[position] = value
         for position, value in frozen.items():
             args[position] = value
@@ -79,7 +79,7 @@ def capture(dynamo_graph: torch.fx.GraphModule, example_inputs: list[object],
         graph_module = tracer(*fake_user)
 
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
-    for node, position in zip(placeholders, user_indices):
+    for node, position in zip(placeholders, user_indices, strict=True):
         node.meta["kopt_role"] = roles[position].role
         node.meta["kopt_source"] = roles[position].source
     for node in graph_module.graph.nodes:

@@ -83,7 +83,7 @@ def classify_inputs(placeholders: list[torch.fx.Node], example_inputs: list[obje
                     explicit: dict[str, Role], positional: tuple[str, ...] = ()) -> list[InputRole]:
     """One :class:`InputRole` per graph input, in order."""
     roles = []
-    for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
+    for index, (node, value) in enumerate(zip(placeholders, example_inputs, strict=True)):
         source = source_name(node)
         argument = argument_name(source, positional)
         if isinstance(value, torch.nn.Parameter) or is_module_state(source):

@@ -41,7 +41,8 @@ def why_not_elementwise(node: torch.fx.Node) -> str | None:
     """None if ``node`` is elementwise or a norm (fusable with an add before it), else why not."""
     if node.op == "output":
         return "the GEMM output is a graph output: no region follows to take the bias"
-    if node.op == "call_function" and (torch.Tag.pointwise in getattr(node.target, "tags", ()) or node.target in _NORMS):
+    pointwise = torch.Tag.pointwise in getattr(node.target, "tags", ())
+    if node.op == "call_function" and (pointwise or node.target in _NORMS):
         return None
     kind = "a view that is not a reshape" if is_view(node) else op_name(node)
     return f"consumer {node.name} is {kind}, not an elementwise region: the bias stays in the GEMM"

@@ -80,7 +80,7 @@ def apply_match(rule: Rule, graph: torch.fx.Graph, match: InternalMatch, pass_na
     last_input = max(inputs, key=order.__getitem__)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     placeholders = [n for n in rule.replacement_graph.nodes if n.op == "placeholder"]
-    env.update(zip(placeholders, inputs))
+    env.update(zip(placeholders, inputs, strict=True))
     outputs: list[torch.fx.Node] = []
     with graph.inserting_after(last_input):
         anchor = last_input
@@ -97,7 +97,7 @@ def apply_match(rule: Rule, graph: torch.fx.Graph, match: InternalMatch, pass_na
             stamp(new, pass_name=pass_name, rule=rule.name)
             env[node] = new
             anchor = new
-    for old, new in zip(match.returning_nodes, outputs):
+    for old, new in zip(match.returning_nodes, outputs, strict=True):
         old.replace_all_uses_with(new)
     for node in reversed(list(match.nodes_map.values())):
         if node.op == "call_function" and not node.users and node.graph is graph:

@@ -39,12 +39,12 @@ class Linear:
 def as_linear(node: torch.fx.Node) -> Linear | str:
     """The linear behind a GEMM node, or the reason it is not one with constant weights."""
     if node.target is aten.mm.default:
-        x, weight_t = node.args
+        weight_t = node.args[1]
         bias = None
     elif node.target is aten.addmm.default:
         if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             return "addmm with alpha/beta other than 1"
-        bias_node, x, weight_t = node.args
+        bias_node, weight_t = node.args[0], node.args[2]
         bias = constant_value(bias_node)
         if bias is None or bias.dim() != 1:
             return "bias is not a 1-D constant"
@@ -94,8 +94,9 @@ class SiblingProjectionMerge(Pass):
         with torch.no_grad():
             weight = torch.cat([linear.weight for linear in group])
             has_bias = any(linear.bias is not None for linear in group)
-            bias = torch.cat([linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.weight.shape[0])
-                              for linear in group]) if has_bias else None
+            zeros = [linear.weight.new_zeros(linear.weight.shape[0]) for linear in group]
+            bias = torch.cat([linear.bias if linear.bias is not None else zero
+                              for linear, zero in zip(group, zeros, strict=True)]) if has_bias else None
         weight_node = add_constant(graph_module, "_kopt_merged_weight", weight, first)
         bias_node = add_constant(graph_module, "_kopt_merged_bias", bias, first) if bias is not None else None
         sizes = [linear.weight.shape[0] for linear in group]

@@ -108,7 +108,8 @@ class BindingTimeStaging(Pass):
         frontier = [n for n in graph.nodes if n in needed_at_runtime(graph, times, Role.STEP_INVARIANT)
                     and n.op == "call_function" and not is_view(n)]
         if not frontier:
-            invariant_inputs = [n.name for n in graph.nodes if times.get(n) is Role.STEP_INVARIANT and n.op == "placeholder"]
+            invariant_inputs = [n.name for n in graph.nodes
+                                if n.op == "placeholder" and times.get(n) is Role.STEP_INVARIANT]
             if invariant_inputs:
                 ctx.decline("hoist-step-invariant", invariant_inputs[0],
                             "step-invariant inputs feed only views or per-call work directly")
