@@ -49,6 +49,7 @@ from benchmarks.measure import (
 )
 from benchmarks.variants import Prepared, Setup, Variant, all_variants, select
 from kopt.workloads import Workload, get_workload
+from kopt.workloads.base import step_factor
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -173,34 +174,20 @@ class ModelState:
 
 
 def stepping_forward(workload: Workload, fn: Any, inputs: dict[str, Any]) -> Any:
-    """One forward per call, each (after the first) at a new timestep value, as in a denoising loop.
+    """One forward per call at denoising step 0, 1, 2, ... (``Workload.at_step``).
 
     The first call uses the reference inputs (its output is compared with eager's); later calls
-    must not reuse one timestep value, or kopt's step-invariant memo would hit on every timed call
+    must not repeat a timestep value, or kopt's step-invariant memo would hit on every timed call
     and the forward row would measure a cache instead of a denoising step.
     """
-    calls = itertools.count()
-    name = workload.timestep_arg
-
-    def call() -> Any:
-        kwargs = dict(inputs)
-        if name in kwargs:
-            kwargs[name] = kwargs[name] * step_factor(next(calls))
-        return fn(**kwargs)
-
-    return call
-
-
-def step_factor(index: int) -> float:
-    """1, 0.99, 0.98, ... 0.51, then again: 50 values 1 % apart, distinct even in bf16 (8-bit
-    mantissa, 0.4 % resolution), so a memo of fewer than 50 entries never hits across calls."""
-    return 1.0 - 0.01 * (index % 50)
+    steps = itertools.count()
+    return lambda: fn(**workload.at_step(inputs, next(steps)))
 
 
 def stepping_cfg_pair(workload: Workload, fn: Any, cond: dict[str, Any], uncond: dict[str, Any]) -> Any:
-    """One CFG pair per call, each (after the first) at a new timestep value; both halves share it."""
-    calls = itertools.count()
-    return lambda: workload.cfg_pair(fn, cond, uncond, t=500.0 * step_factor(next(calls)))
+    """One CFG pair per call, each at a new timestep value that both halves share."""
+    steps = itertools.count()
+    return lambda: workload.cfg_pair(fn, cond, uncond, t=500.0 * step_factor(next(steps)))
 
 
 def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Prepared,

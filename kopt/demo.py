@@ -14,11 +14,12 @@ from kopt.verify import cosine_similarity, relative_error
 from kopt.workloads import get_workload
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+def _median_seconds(fn: Callable[[int], Any], repeats: int) -> float:
+    """Median wall time of ``fn(step)`` over steps 1..repeats (a new timestep value each call)."""
     times = []
-    for _ in range(repeats):
+    for step in range(1, repeats + 1):
         start = time.perf_counter()
-        fn()
+        fn(step)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -42,8 +43,8 @@ def explain(workload_name: str, *, size: str = "tiny", lower: str = "inductor",
         fresh = workload.inputs(size, seed=seed + 2)  # type: ignore[arg-type]
         reference = model(**fresh)[0]
         output = compiled(**fresh)[0]
-        eager_s = _median_seconds(lambda: model(**fresh), repeats)
-        kopt_s = _median_seconds(lambda: compiled(**fresh), repeats)
+        eager_s = _median_seconds(lambda step: model(**workload.at_step(fresh, step)), repeats)
+        kopt_s = _median_seconds(lambda step: compiled(**workload.at_step(fresh, step)), repeats)
     return dict(workload=workload_name, size=size, lower=lower, report=compiled.kopt_report,
                 rel_err=relative_error(output, reference), cosine=cosine_similarity(output, reference),
                 compile_s=compile_seconds, eager_ms=eager_s * 1e3, kopt_ms=kopt_s * 1e3)

@@ -60,6 +60,15 @@ class Workload:
         generator = torch.Generator(device="cpu").manual_seed(seed)
         return self.build_inputs(size, torch.device(device), dtype, generator, negative)
 
+    def at_step(self, inputs: Mapping[str, Any], step: int) -> dict[str, Any]:
+        """``inputs`` at denoising step ``step``: the timestep scaled by 1, 0.99, ... 0.51 (then
+        again), 50 values 1 % apart that stay distinct even in bf16, so that timing repeated calls
+        never measures a cache of step-invariant work instead of a step."""
+        kwargs = dict(inputs)
+        if self.timestep_arg is not None and self.timestep_arg in kwargs:
+            kwargs[self.timestep_arg] = kwargs[self.timestep_arg] * step_factor(step)
+        return kwargs
+
     def cfg_pair(self, module: Callable[..., Any], cond: Mapping[str, Any],
                  uncond: Mapping[str, Any], t: float = 500.0) -> tuple[Any, Any]:
         """Run the classifier-free-guidance pair as the diffusers pipelines do.
@@ -76,6 +85,11 @@ class Workload:
                 kwargs[self.timestep_arg] = step.expand(reference.shape[0]) / 1000
             outputs.append(module(**kwargs))
         return outputs[0], outputs[1]
+
+
+def step_factor(step: int) -> float:
+    """1, 0.99, ..., 0.51, then again (see :meth:`Workload.at_step`)."""
+    return 1.0 - 0.01 * (step % 50)
 
 
 def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.device,
