@@ -88,7 +88,11 @@ class CompiledGraph:
         frontier = graph_module.meta.get(HOIST_KEY)
         if not frontier:
             return lower(graph_module, user_args, options.lower)
-        split = split_stages(graph_module, frontier)
+        try:
+            split = split_stages(graph_module, frontier)
+        except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
+            self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
+            return lower(graph_module, user_args, options.lower)
         keys = [user_args[i] for i in split.key_positions]
         with torch.no_grad():
             hoisted = list(split.invariant(*keys))

@@ -144,3 +144,28 @@ def test_value_key_distinguishes_values_dtypes_and_shapes():
     assert value_key([a]) != value_key([a.double()])
     assert value_key([a]) != value_key([a.reshape(())])
     assert value_key([torch.tensor([0.0])]) != value_key([torch.tensor([-0.0])])  # different bytes: safe miss
+
+
+def _recreate_every_mm(graph_module, ctx):
+    """Replaces each mm by an identical copy (new node names), as an unaware later pass might."""
+    for node in list(graph_module.graph.nodes):
+        if node.target is aten.mm.default and ctx.fire("recreate", node):
+            with graph_module.graph.inserting_after(node):
+                copy = graph_module.graph.node_copy(node)
+            node.replace_all_uses_with(copy)
+            graph_module.graph.erase_node(node)
+
+
+def test_a_later_pass_that_removes_the_frontier_leaves_the_graph_unstaged():
+    """The model still runs correctly, without the memo, and the report says why."""
+    workload = get_workload("flux2")
+    torch.manual_seed(3)
+    model = workload.model("tiny")
+    later = kopt.FunctionPass("recreate-mm", "test", kopt.Contract.exact(), _recreate_every_mm)
+    compiled = kopt.compile(model, passes=["auto", later], lower="eager")
+    inputs = workload.inputs("tiny", seed=8)
+    with torch.no_grad():
+        assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+    graph = compiled.kopt_report.graphs[0]
+    assert graph.memo is None
+    assert any("not split out" in note for note in graph.passes[-1].notes)

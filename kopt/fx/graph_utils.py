@@ -67,10 +67,6 @@ def stamp(node: torch.fx.Node, *, pass_name: str, rule: str) -> None:
     node.meta.setdefault(PROVENANCE, []).append(f"{pass_name}:{rule}")
 
 
-def created_by(graph: torch.fx.Graph, pass_name: str) -> list[torch.fx.Node]:
-    return [n for n in graph.nodes if any(p.startswith(pass_name + ":") for p in n.meta.get(PROVENANCE, ()))]
-
-
 def refresh_meta(graph_module: torch.fx.GraphModule, example_fakes: Iterable[object] | None = None) -> None:
     """Recompute ``meta["val"]`` on every node with FakeTensor propagation (shapes after a rewrite)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)

@@ -82,21 +82,20 @@ def apply_match(rule: Rule, graph: torch.fx.Graph, match: InternalMatch, pass_na
     placeholders = [n for n in rule.replacement_graph.nodes if n.op == "placeholder"]
     env.update(zip(placeholders, inputs, strict=True))
     outputs: list[torch.fx.Node] = []
-    with graph.inserting_after(last_input):
-        anchor = last_input
-        for node in rule.replacement_graph.nodes:
-            if node.op == "placeholder":
-                continue
-            if node.op == "output":
-                outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n]) if isinstance(
-                    node.args[0], (tuple, list)) else [env[node.args[0]]])
-                continue
-            with graph.inserting_after(anchor):
-                new = graph.node_copy(node, lambda n: env[n])
-            new.meta = {}  # shapes were those of the example inputs; the pass manager refreshes them
-            stamp(new, pass_name=pass_name, rule=rule.name)
-            env[node] = new
-            anchor = new
+    anchor = last_input
+    for node in rule.replacement_graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            returned = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+            outputs = [env[n] for n in returned]
+            continue
+        with graph.inserting_after(anchor):
+            new = graph.node_copy(node, lambda n: env[n])
+        new.meta = {}  # shapes were those of the example inputs; the pass manager refreshes them
+        stamp(new, pass_name=pass_name, rule=rule.name)
+        env[node] = new
+        anchor = new
     for old, new in zip(match.returning_nodes, outputs, strict=True):
         old.replace_all_uses_with(new)
     for node in reversed(list(match.nodes_map.values())):
