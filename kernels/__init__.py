@@ -1,4 +1,16 @@
-"""kopt.kernels: one Triton kernel per file, each with an eager ``reference()`` as its spec.
+"""kopt.kernels: fused Triton kernels for the DiT hot regions, one kernel per file.
 
-Packaged as ``kopt.kernels`` (see pyproject.toml); the kernel library arrives with the codegen work.
+Each file reads top to bottom (Triton-tutorial order):
+
+1. a docstring: what the kernel computes and the bytes it must move (its memory floor);
+2. ``reference()``: the eager PyTorch spec, computed in float32 and cast to the output dtype;
+3. the ``@triton.jit`` kernel, masked for awkward sizes;
+4. the launcher, which picks block size and warps per shape (cached);
+5. the torch custom op ``kopt::<name>``: CUDA runs the launcher, any other device runs
+   ``reference()``, and a fake implementation gives shapes to FakeTensor, torch.compile,
+   Inductor and CUDA graphs.
+
+On the CPU the Triton code is tested by calling the launcher under ``TRITON_INTERPRET=1``
+(the interpreter cannot run under FakeTensor tracing, hence the launcher and not the op).
+Packaged as ``kopt.kernels`` (see pyproject.toml).
 """

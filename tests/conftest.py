@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run in the interpreter on the CPU; it must be chosen before any @triton.jit
+    # function is defined, i.e. before kopt.kernels modules are imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from kopt.workloads import get_workload
 
