@@ -86,3 +86,20 @@ def test_property_any_number_of_siblings(siblings, rows, features, outs, bias, d
     bound = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     for got, want in zip(graph_module(x), fn(x), strict=True):
         assert got.shape == want.shape and rel_err(got, want) <= bound
+
+
+def test_views_and_casts_between_do_not_hide_siblings():
+    """Each projection reads its own cast and reshape of x: after redundancy they are one value."""
+    wq, wk = torch.randn(6, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+
+    def fn(x):
+        q = torch.nn.functional.linear(x.to(torch.float64).reshape(-1, 8), wq)
+        k = torch.nn.functional.linear(x.to(torch.float64).reshape(-1, 8), wk)
+        return q.view(2, 3, 6), k.view(2, 3, 6)
+
+    graph_module = trace_function(fn, torch.randn(2, 3, 8))
+    records = run_passes(graph_module, [RedundancyElimination(), SiblingProjectionMerge()], strict=True)
+    assert records[1].matches == {"merge-siblings": 1}
+    x = torch.randn(2, 3, 8)
+    for got, want in zip(graph_module(x), fn(x), strict=True):
+        assert rel_err(got, want) < 1e-12
