@@ -1,0 +1,205 @@
+"""Gated residual fused with the next LayerNorm + adaLN modulation, two outputs in one pass.
+
+Inputs: residual ``r`` and branch output ``y``, both (B, S, N) bf16/fp16/fp32 of one dtype;
+``gate``, ``scale`` and ``shift`` of shape (B, N) or (B, 1, N), broadcast over S. Computes::
+
+    r_new = r + gate * y                                   # rounded to r.dtype
+    m     = layernorm(r_new) * (1 + scale) + shift         # LayerNorm without affine, eps
+
+This is the seam between sub-blocks in Qwen-Image (``hidden_states + img_gate1 * img_attn_output``
+then ``img_norm2`` + ``_modulate``) and FLUX.2 (``hidden_states + gate_msa * attn_output`` then
+``norm2`` + ``(1 + scale_mlp) * norm + shift_mlp``). Arithmetic is float32. ``r_new`` is rounded to
+``r.dtype`` *before* it is normalized, as eager does when it stores the residual, so ``m`` is
+consistent with the residual stream that the next block reads; ``m`` is rounded once to ``r.dtype``.
+
+Bytes moved (the memory floor), ``e`` bytes per element of r/y and ``m`` of gate/scale/shift:
+read ``2*B*S*N*e + 3*B*N*m``, write ``2*B*S*N*e``. For bf16: ``8*B*S*N + 6*B*N`` bytes; at the
+production shape (1, 4096, 3072) that is 100.7 MB, about 21 us at 4.8 TB/s (H200). Unfused, the same
+work reads/writes r_new twice more (the add's write, the norm's read) plus the modulation round trip.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["gated_residual", "launch", "reference"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- spec
+def reference(
+    r: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager spec: float32 gated add (rounded to r.dtype), float32 LayerNorm + modulation."""
+    b, n = r.shape[0], r.shape[-1]
+    gate_f = gate.float().reshape(b, 1, n)
+    scale_f = scale.float().reshape(b, 1, n)
+    shift_f = shift.float().reshape(b, 1, n)
+    r_new = (r.float() + gate_f * y.float()).to(r.dtype)
+    normed = torch.nn.functional.layer_norm(r_new.float(), (n,), eps=eps)
+    m = (normed * (1.0 + scale_f) + shift_f).to(r.dtype)
+    return r_new, m
+
+
+# --------------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _gated_residual_kernel(
+    r_ptr,
+    y_ptr,
+    gate_ptr,
+    scale_ptr,
+    shift_ptr,
+    r_out_ptr,
+    m_out_ptr,
+    S,
+    N,
+    stride_gate_b,
+    stride_scale_b,
+    stride_shift_b,
+    eps,
+    BLOCK_N: tl.constexpr,
+):
+    # One program per row of the flattened (B*S, N) inputs.
+    row = tl.program_id(0)
+    batch = row // S
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    row_off = row.to(tl.int64) * N
+
+    r = tl.load(r_ptr + row_off + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row_off + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + batch * stride_gate_b + cols, mask=mask, other=0.0).to(tl.float32)
+    r_new = (r + g * y).to(r_out_ptr.dtype.element_ty)
+    tl.store(r_out_ptr + row_off + cols, r_new, mask=mask)
+
+    # Normalize the rounded residual (what eager's next norm reads).
+    rn = r_new.to(tl.float32)
+    mean = tl.sum(rn, axis=0) / N
+    diff = tl.where(mask, rn - mean, 0.0)
+    var = tl.sum(diff * diff, axis=0) / N
+    normed = diff * tl.rsqrt(var + eps)
+
+    sc = tl.load(scale_ptr + batch * stride_scale_b + cols, mask=mask, other=0.0).to(tl.float32)
+    sh = tl.load(shift_ptr + batch * stride_shift_b + cols, mask=mask, other=0.0).to(tl.float32)
+    m = normed * (1.0 + sc) + sh
+    tl.store(m_out_ptr + row_off + cols, m.to(m_out_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------- launcher
+_CONFIGS: dict[tuple[int, torch.dtype], tuple[int, int]] = {}
+
+
+def _config(n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) for a row of ``n`` elements; cached per (n, dtype)."""
+    key = (n, dtype)
+    if key not in _CONFIGS:
+        block_n = triton.next_power_of_2(n)
+        num_warps = 4 if n <= 2048 else 8 if n <= 8192 else 16
+        _CONFIGS[key] = (block_n, num_warps)
+    return _CONFIGS[key]
+
+
+def _mod_rows(t: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
+    """View a (B, N) or (B, 1, N) modulation tensor as (B, N) with unit last-dim stride."""
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"gated_residual: {name} dtype must be one of {_DTYPES}, got {t.dtype}")
+    if tuple(t.shape) not in ((b, n), (b, 1, n)):
+        raise ValueError(f"gated_residual: {name} must have shape ({b}, {n}) or ({b}, 1, {n}), got {tuple(t.shape)}")
+    t = t.reshape(b, n)
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t  # a chunk() of a (B, 6N) projection keeps its row stride: no copy
+
+
+def _check_out(t: torch.Tensor | None, name: str, like: torch.Tensor) -> torch.Tensor:
+    if t is None:
+        return torch.empty_like(like, memory_format=torch.contiguous_format)
+    if t.shape != like.shape or t.dtype != like.dtype or not t.is_contiguous() or t.device != like.device:
+        raise ValueError(
+            f"gated_residual: {name} must be contiguous {tuple(like.shape)} {like.dtype} on {like.device}, "
+            f"got {tuple(t.shape)} {t.dtype} contiguous={t.is_contiguous()} on {t.device}"
+        )
+    return t
+
+
+def launch(
+    r: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float = 1e-6,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous)."""
+    if r.dim() != 3:
+        raise ValueError(f"gated_residual: r must be (B, S, N), got shape {tuple(r.shape)}")
+    if r.dtype not in _DTYPES:
+        raise ValueError(f"gated_residual: r dtype must be one of {_DTYPES}, got {r.dtype}")
+    if y.shape != r.shape or y.dtype != r.dtype:
+        raise ValueError(f"gated_residual: y must match r {tuple(r.shape)} {r.dtype}, got {tuple(y.shape)} {y.dtype}")
+    b, s, n = r.shape
+    r = r.contiguous()
+    y = y.contiguous()
+    gate = _mod_rows(gate, "gate", b, n)
+    scale = _mod_rows(scale, "scale", b, n)
+    shift = _mod_rows(shift, "shift", b, n)
+    for name, t in (("y", y), ("gate", gate), ("scale", scale), ("shift", shift)):
+        if t.device != r.device:
+            raise ValueError(f"gated_residual: {name} is on {t.device}, r on {r.device}")
+    r_out = _check_out(out[0] if out is not None else None, "out[0]", r)
+    m_out = _check_out(out[1] if out is not None else None, "out[1]", r)
+    if r.numel() == 0:
+        return r_out, m_out
+    block_n, num_warps = _config(n, r.dtype)
+    _gated_residual_kernel[(b * s,)](
+        r,
+        y,
+        gate,
+        scale,
+        shift,
+        r_out,
+        m_out,
+        s,
+        n,
+        gate.stride(0),
+        scale.stride(0),
+        shift.stride(0),
+        float(eps),
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    return r_out, m_out
+
+
+# ---------------------------------------------------------------------------------------- custom op
+@torch.library.custom_op("kopt::gated_residual", mutates_args=())
+def gated_residual(
+    r: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r + gate*y, layernorm(r + gate*y) * (1 + scale) + shift)``; Triton on CUDA, else reference."""
+    if r.is_cuda:
+        return launch(r, y, gate, scale, shift, eps)
+    r_new, m = reference(r, y, gate, scale, shift, eps)
+    return r_new.contiguous(), m.contiguous()
+
+
+@gated_residual.register_fake
+def _(r, y, gate, scale, shift, eps=1e-6):
+    return (
+        torch.empty_like(r, memory_format=torch.contiguous_format),
+        torch.empty_like(r, memory_format=torch.contiguous_format),
+    )

@@ -1,0 +1,264 @@
+"""QK RMSNorm + rotary embedding in one pass over q (or k).
+
+Input ``x`` is (B, S, H, D): the Q (or K) projection right after ``unflatten(-1, (H, D))``, before
+the transpose to (B, H, S, D). Per row (one token, one head) of D values, in float32::
+
+    n = x * rsqrt(mean(x**2) + eps) * weight          # RMSNorm over D (weight optional)
+    out[2i], out[2i+1] = rotate(n[2i], n[2i+1])        # RoPE on interleaved pairs
+
+Two RoPE forms, both on interleaved pairs (x[2i], x[2i+1]) and both exact copies of diffusers:
+
+* ``mode="complex"`` (Qwen-Image, ``apply_rotary_emb_qwen(..., use_real=False)``): the pair is a
+  complex number multiplied by ``freqs_cis[s, i] = cos[s, i] + j*sin[s, i]``; ``cos``/``sin`` are
+  (S, D/2). The launcher takes them as strided views: ``freqs_cis.real`` and ``freqs_cis.imag``
+  (see ``cos_sin_from_complex``) are zero-copy views with stride 2, which the kernel reads
+  directly, so nothing is concatenated, repeated or made contiguous on the hot path.
+* ``mode="real"`` (FLUX.2, ``apply_rotary_emb(..., use_real=True, use_real_unbind_dim=-1)``):
+  ``cos``/``sin`` are (S, D) (repeat-interleaved by diffusers) and
+  ``out = n * cos + rot(n) * sin`` with ``rot(n)[2i] = -n[2i+1]``, ``rot(n)[2i+1] = n[2i]``.
+  The kernel reads the full (S, D) tables, so it is exact for any table, interleaved or not.
+
+Bytes moved (memory floor), with N = B*S*H*D elements of x and e = element size (2 for bf16)::
+
+    bytes = 2 * N * e  (read x, write out)  +  D * e_w (weight)  +  T * 4 (fp32 tables)
+
+with T = 2 * S * D/2 = S*D (complex) or 2 * S * D (real); the tables are shared across B and H
+and stay in L2. bf16 Qwen-Image q (1, 4352, 24, 128): 2*13.4M*2 B = 53.5 MB (+ 2.2 MB of tables).
+The unfused diffusers path moves x four to six times (norm read/write, complex view, float copy,
+rotate, cast) and Inductor cannot fuse the complex multiply.
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["cos_sin_from_complex", "launch", "qk_norm_rope", "reference"]
+
+_MODES = ("complex", "real")
+
+
+def cos_sin_from_complex(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S, D/2) complex64 freqs -> (cos, sin) float32 (S, D/2) views, no copy (stride 2)."""
+    if not freqs_cis.is_complex():
+        raise ValueError(f"freqs_cis must be complex, got {freqs_cis.dtype}")
+    return freqs_cis.real, freqs_cis.imag
+
+
+# ----------------------------------------------------------------------------- reference (spec)
+def reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    mode: str,
+) -> torch.Tensor:
+    """Eager spec: RMSNorm over D then RoPE, float32 compute, cast back to x.dtype."""
+    xf = x.float()
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        n = n * weight.float()
+    c = cos.float()[None, :, None, :]  # broadcast over B and H: x is (B, S, H, D)
+    s = sin.float()[None, :, None, :]
+    if mode == "complex":  # (a + ib)(c + is) on pairs, as apply_rotary_emb_qwen(use_real=False)
+        a, b = n.reshape(*n.shape[:-1], -1, 2).unbind(-1)
+        out = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    elif mode == "real":  # as apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)
+        a, b = n.reshape(*n.shape[:-1], -1, 2).unbind(-1)
+        rotated = torch.stack([-b, a], dim=-1).flatten(-2)
+        out = n * c + rotated * s
+    else:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- Triton kernel
+@triton.jit
+def _qk_norm_rope_kernel(
+    x_ptr,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    n_rows,
+    S,
+    H,
+    stride_xb,
+    stride_xs,
+    stride_xh,
+    stride_cs,
+    stride_cd,
+    stride_ss,
+    stride_sd,
+    half,
+    eps,
+    IS_COMPLEX: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    # One program: BLOCK_R rows (token, head) x D columns. x and out move as contiguous row tiles
+    # (vectorised loads/stores); pairs are split in registers: (BLOCK_R, D) -> (BLOCK_R, D/2, 2).
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < n_rows
+    h = rows % H
+    s = (rows // H) % S
+    b = rows // (H * S)
+    D = 2 * half
+    cols = tl.arange(0, 2 * BLOCK_HALF)
+    mask = row_mask[:, None] & (cols < D)[None, :]  # D is even: a pair is all in or all out
+    j = tl.arange(0, BLOCK_HALF)
+    pair_mask = row_mask[:, None] & (j < half)[None, :]
+
+    x_row = b * stride_xb + s * stride_xs + h * stride_xh
+    x = tl.load(x_ptr + x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+    # RMSNorm over D (masked lanes are zero and do not add to the sum).
+    inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    x = x * inv[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        x = x * w[None, :]
+    xe, xo = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_HALF, 2]))
+
+    if IS_COMPLEX:  # tables (S, D/2), any strides (e.g. the .real / .imag views): one (cos, sin) per pair
+        c = tl.load(cos_ptr + s[:, None] * stride_cs + j[None, :] * stride_cd, mask=pair_mask, other=0.0)
+        sn = tl.load(sin_ptr + s[:, None] * stride_ss + j[None, :] * stride_sd, mask=pair_mask, other=0.0)
+        c = c.to(tl.float32)
+        sn = sn.to(tl.float32)
+        oe = xe * c - xo * sn
+        oo = xe * sn + xo * c
+    else:  # tables (S, D): one (cos, sin) per element
+        c = tl.load(cos_ptr + s[:, None] * stride_cs + cols[None, :] * stride_cd, mask=mask, other=0.0)
+        sn = tl.load(sin_ptr + s[:, None] * stride_ss + cols[None, :] * stride_sd, mask=mask, other=0.0)
+        ce, co = tl.split(tl.reshape(c.to(tl.float32), [BLOCK_R, BLOCK_HALF, 2]))
+        se, so = tl.split(tl.reshape(sn.to(tl.float32), [BLOCK_R, BLOCK_HALF, 2]))
+        oe = xe * ce - xo * se
+        oo = xo * co + xe * so
+
+    out = tl.reshape(tl.join(oe, oo), [BLOCK_R, 2 * BLOCK_HALF])  # re-interleave the pairs
+    o_ptrs = out_ptr + rows[:, None] * D + cols[None, :]  # out is contiguous (B, S, H, D)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------- launcher
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _config(half: int, many_rows: bool, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_HALF, num_warps) for a head size and shape class; cached."""
+    block_half = triton.next_power_of_2(half)
+    # ~4096 elements (2 * BLOCK_R * BLOCK_HALF) per program when there are many rows, ~1024 otherwise.
+    target = 2048 if many_rows else 512
+    block_r = max(1, min(64, target // block_half))
+    elems = 2 * block_r * block_half
+    num_warps = 8 if elems >= 8192 else 4 if elems >= 2048 else 2
+    return block_r, block_half, num_warps
+
+
+def _check_table(t: torch.Tensor, name: str, S: int, width: int, device: torch.device) -> None:
+    if t.dim() != 2 or tuple(t.shape) != (S, width):
+        raise ValueError(f"{name} must have shape ({S}, {width}), got {tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name} must be float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, x is on {device}")
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    mode: str,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the Triton kernel. x (B, S, H, D) with unit stride on D (other strides free);
+    cos/sin float32 (S, D/2) for mode="complex" or (S, D) for mode="real", any strides.
+    Returns a contiguous (B, S, H, D) tensor of x.dtype (written into ``out`` when given)."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, S, H, D), got shape {tuple(x.shape)}")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
+    B, S, H, D = x.shape
+    if D % 2:
+        raise ValueError(f"head dim D must be even for RoPE pairs, got {D}")
+    if x.stride(3) != 1:
+        raise ValueError(f"x must have unit stride on D, got strides {x.stride()}")
+    half = D // 2
+    width = half if mode == "complex" else D
+    _check_table(cos, "cos", S, width, x.device)
+    _check_table(sin, "sin", S, width, x.device)
+    if weight is not None:
+        if tuple(weight.shape) != (D,):
+            raise ValueError(f"weight must have shape ({D},), got {tuple(weight.shape)}")
+        if weight.device != x.device:
+            raise ValueError(f"weight is on {weight.device}, x is on {x.device}")
+        weight = weight.contiguous()
+    if out is None:
+        out = torch.empty((B, S, H, D), dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != (B, S, H, D) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous {x.dtype} tensor of shape {(B, S, H, D)}, "
+            f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}"
+        )
+    n_rows = B * S * H
+    if n_rows == 0:
+        return out
+    block_r, block_half, num_warps = _config(half, n_rows >= 8192, x.dtype)
+    grid = (triton.cdiv(n_rows, block_r),)
+    _qk_norm_rope_kernel[grid](
+        x,
+        weight if weight is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
+        cos,
+        sin,
+        out,
+        n_rows,
+        S,
+        H,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        cos.stride(0),
+        cos.stride(1),
+        sin.stride(0),
+        sin.stride(1),
+        half,
+        float(eps),
+        IS_COMPLEX=mode == "complex",
+        HAS_WEIGHT=weight is not None,
+        BLOCK_R=block_r,
+        BLOCK_HALF=block_half,
+        num_warps=num_warps,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------- custom op
+@torch.library.custom_op("kopt::qk_norm_rope", mutates_args=())
+def qk_norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    mode: str,
+) -> torch.Tensor:
+    """RMSNorm(x) over D then RoPE; the Triton launcher on CUDA, the reference elsewhere."""
+    if x.is_cuda:
+        return launch(x, weight, cos, sin, eps, mode)
+    return reference(x, weight, cos, sin, eps, mode)
+
+
+@qk_norm_rope.register_fake
+def _(x, weight, cos, sin, eps, mode):
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)

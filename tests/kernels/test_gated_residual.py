@@ -1,0 +1,156 @@
+"""kopt::gated_residual: the Triton launcher (interpreted on CPU) against the eager spec, and the op."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from kopt.kernels import gated_residual as mod
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from tests.conftest import rel_err
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _inputs(b, s, n, dtype, seed, mod_dtype=None, mod_3d=False, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    mod_dtype = mod_dtype or dtype
+    r = (torch.randn(b, s, n, generator=g) * 3 + 0.5).to(dtype)
+    y = torch.randn(b, s, n, generator=g).to(dtype)
+    shape = (b, 1, n) if mod_3d else (b, n)
+    gate = torch.randn(shape, generator=g).to(mod_dtype)
+    scale = (torch.randn(shape, generator=g) * 0.5).to(mod_dtype)
+    shift = torch.randn(shape, generator=g).to(mod_dtype)
+    return [t.to(device) for t in (r, y, gate, scale, shift)]
+
+
+def _check(outs, refs, dtype):
+    for out, ref in zip(outs, refs, strict=True):
+        assert out.dtype == dtype and out.shape == ref.shape
+        assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,s,n", [(2, 5, 96), (1, 3, 257), (2, 1, 130), (1, 1, 33)])
+def test_launch_matches_reference(b, s, n, dtype):
+    seed = zlib.crc32(repr((b, s, n, dtype)).encode())  # deterministic per case
+    args = _inputs(b, s, n, dtype, seed)
+    _check(mod.launch(*args, eps=1e-6), mod.reference(*args, eps=1e-6), dtype)
+
+
+def test_mixed_dtypes_and_3d_modulation():
+    args = _inputs(2, 3, 200, torch.bfloat16, 11, mod_dtype=torch.float32, mod_3d=True)
+    _check(mod.launch(*args, eps=1e-5), mod.reference(*args, eps=1e-5), torch.bfloat16)
+
+
+def test_chunked_modulation_views_and_noncontiguous_residual():
+    g = torch.Generator().manual_seed(5)
+    n = 96
+    r = torch.randn(2, n, 4, generator=g).transpose(1, 2)
+    y = torch.randn(2, 4, n, generator=g)
+    shift, scale, gate = torch.randn(2, 3 * n, generator=g).chunk(3, dim=-1)
+    assert not scale.is_contiguous() and not r.is_contiguous()
+    outs = mod.launch(r, y, gate, scale, shift)
+    assert all(o.is_contiguous() for o in outs)
+    _check(outs, mod.reference(r, y, gate, scale, shift), torch.float32)
+
+
+def test_gate_and_modulation_are_applied():
+    """Fails for zeros, an ungated residual, or the unmodulated norm."""
+    r, y, gate, scale, shift = _inputs(2, 3, 100, torch.float32, 21)
+    r_new, m = mod.launch(r, y, gate, scale, shift)
+    ref_r, ref_m = mod.reference(r, y, gate, scale, shift)
+    zeros = torch.zeros_like(scale)
+    _plain_r, plain_m = mod.reference(r, y, gate, zeros, zeros)
+    assert rel_err(r_new, ref_r) < TOL[torch.float32] and rel_err(m, ref_m) < TOL[torch.float32]
+    assert rel_err(r_new, r + y) > 0.1  # gate matters
+    assert rel_err(m, plain_m) > 0.1  # modulation matters
+    # The norm sees the updated residual, not the old one.
+    _, stale_m = mod.reference(r, torch.zeros_like(y), gate, scale, shift)
+    assert rel_err(m, stale_m) > 0.1
+    # Per-batch parameters: swapping their batch rows changes both outputs.
+    sw_r, sw_m = mod.launch(r, y, gate.flip(0), scale.flip(0), shift.flip(0))
+    assert rel_err(sw_r, ref_r) > 0.1 and rel_err(sw_m, ref_m) > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_poisoned_outputs_fully_written(dtype):
+    args = _inputs(2, 3, 257, dtype, 31)
+    out = (torch.full_like(args[0], float("nan")), torch.full_like(args[0], float("nan")))
+    res = mod.launch(*args, out=out)
+    assert res[0] is out[0] and res[1] is out[1]
+    assert not torch.isnan(out[0]).any() and not torch.isnan(out[1]).any()
+    _check(out, mod.reference(*args), dtype)
+
+
+def test_launcher_rejects_bad_inputs():
+    r, y, gate, scale, shift = _inputs(2, 3, 64, torch.float32, 41)
+    with pytest.raises(ValueError, match="r must be"):
+        mod.launch(r[0], y[0], gate, scale, shift)
+    with pytest.raises(ValueError, match="y must match"):
+        mod.launch(r, y.to(torch.bfloat16), gate, scale, shift)
+    with pytest.raises(ValueError, match="gate must have shape"):
+        mod.launch(r, y, gate[:1], scale, shift)
+    with pytest.raises(ValueError, match="out\\[1\\] must be"):
+        mod.launch(r, y, gate, scale, shift, out=(torch.empty_like(r), torch.empty(2, 3, 63)))
+
+
+def test_op_on_cpu_equals_reference():
+    args = _inputs(2, 5, 96, torch.bfloat16, 51)
+    r_new, m = torch.ops.kopt.gated_residual(*args, 1e-6)
+    ref_r, ref_m = mod.reference(*args, 1e-6)
+    assert torch.equal(r_new, ref_r) and torch.equal(m, ref_m)
+
+
+def test_op_fake_tensor_mode(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the fake implementation must not compute")
+
+    monkeypatch.setattr(mod, "reference", boom)
+    monkeypatch.setattr(mod, "launch", boom)
+    with FakeTensorMode():
+        r = torch.empty(2, 7, 96, dtype=torch.bfloat16)
+        y = torch.empty(2, 7, 96, dtype=torch.bfloat16)
+        p = torch.empty(2, 96, dtype=torch.bfloat16)
+        outs = torch.ops.kopt.gated_residual(r, y, p, p, p, 1e-6)
+    assert len(outs) == 2
+    for o in outs:
+        assert isinstance(o, FakeTensor)
+        assert o.shape == (2, 7, 96) and o.dtype == torch.bfloat16
+
+
+def test_op_compiles_fullgraph():
+    args = _inputs(2, 5, 96, torch.float32, 61)
+
+    def fn(r, y, gate, scale, shift):
+        r_new, m = torch.ops.kopt.gated_residual(r, y, gate, scale, shift, 1e-6)
+        return r_new * 2, m + 1
+
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    ref_r, ref_m = mod.reference(*args)
+    got_r, got_m = compiled(*args)
+    torch.testing.assert_close(got_r, ref_r * 2)
+    torch.testing.assert_close(got_m, ref_m + 1)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_production_shape():
+    args = _inputs(1, 4096, 3072, torch.bfloat16, 71, device="cuda")
+    refs = mod.reference(*args)
+    out = (torch.full_like(args[0], float("nan")), torch.full_like(args[0], float("nan")))
+    mod.launch(*args, out=out)
+    assert not torch.isnan(out[0]).any() and not torch.isnan(out[1]).any()
+    _check(out, refs, torch.bfloat16)
+    _check(torch.ops.kopt.gated_residual(*args, 1e-6), refs, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_op_under_compile():
+    args = _inputs(1, 4096, 3072, torch.bfloat16, 81, device="cuda")
+    fn = torch.compile(lambda *a: torch.ops.kopt.gated_residual(*a, 1e-6), fullgraph=True)
+    _check(fn(*args), mod.reference(*args), torch.bfloat16)
