@@ -6,12 +6,16 @@ import argparse
 import json
 import sys
 
-from kopt.passes.pipeline import default_pipeline
+from kopt.passes.pipeline import default_pipeline, opt_in_passes
 
 
 def _cmd_passes(args: argparse.Namespace) -> int:
+    print('passes="auto", in order:')
     for position, rewrite in enumerate(default_pipeline(), 1):
         print(f"{position}. {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
+    print("\nopt-in (name them in passes=[...]; not yet measured to pay on a GPU):")
+    for rewrite in opt_in_passes():
+        print(f"- {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
     return 0
 
 
