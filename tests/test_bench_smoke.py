@@ -131,3 +131,14 @@ def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():
         pair()
     values = [t.item() for t in seen]
     assert values[0::2] == values[1::2] and len(set(values)) == 10
+
+
+def test_kernel_benchmark_smoke(tmp_path):
+    """benchmarks/kernels.py runs every kernel (interpreter on the CPU) and reports its error."""
+    from benchmarks.kernels import run
+
+    rows = run("tiny", tmp_path)
+    assert {r["kernel"] for r in rows} == {"adaln_modulation", "gated_residual", "qk_norm_rope", "gelu_tanh",
+                                           "swiglu"}
+    assert all(r["rel_err"] < 1e-2 for r in rows)  # bf16 kernels vs their spec; zeros would give 1.0
+    assert (tmp_path / "kernels-tiny.json").exists() and (tmp_path / "kernels-tiny.md").exists()

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Kernel library at the production shapes: achieved bandwidth against the copy ceiling.
+
+    python benchmarks/kernels.py                 # on the GPU: production shapes, writes JSON + markdown
+    python benchmarks/kernels.py --size tiny     # CPU smoke run under TRITON_INTERPRET=1 (times mean nothing)
+
+For each kernel: the bytes it must move (from its docstring's formula), the median time of the
+Triton launcher (CUDA events through ``triton.testing.do_bench``; fresh random inputs, never
+zeros), the same for the eager reference and for ``torch.compile`` of the reference (what Inductor
+would generate for that region), the relative error of the kernel against the reference, and the
+achieved bandwidth bytes / time as a fraction of a device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
+
+from kopt.kernels import adaln_modulation, gated_residual, gelu_tanh, qk_norm_rope, swiglu  # noqa: E402
+
+
+@dataclasses.dataclass
+class Case:
+    """One kernel at one shape: inputs, bytes to move, launcher and reference."""
+
+    name: str
+    shape: str
+    inputs: Callable[[], tuple[Any, ...]]
+    nbytes: Callable[[tuple[Any, ...]], int]
+    kernel: Callable[..., Any]
+    reference: Callable[..., Any]
+
+
+def _bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def cases(size: str, device: torch.device) -> list[Case]:
+    """Qwen-Image / FLUX.2 production shapes (bf16) or tiny ones for the CPU smoke run."""
+    full = size == "full"
+    dtype = torch.bfloat16
+    tokens, width = (4096, 3072) if full else (7, 40)
+    heads, head_dim, seq = (24, 128, 4352) if full else (2, 16, 9)
+    hidden = 12288 if full else 24
+    ff = 18432 if full else 33
+
+    def randn(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dt)
+
+    def adaln_inputs() -> tuple[Any, ...]:
+        return randn(1, tokens, width), randn(1, width), randn(1, width)
+
+    def gated_inputs() -> tuple[Any, ...]:
+        return randn(1, tokens, width), randn(1, tokens, width), randn(1, width), randn(1, width), randn(1, width)
+
+    def rope_inputs() -> tuple[Any, ...]:
+        angles = torch.rand(seq, head_dim // 2, device=device) * 6.28
+        return randn(1, seq, heads, head_dim), randn(head_dim), angles.cos(), angles.sin(), 1e-6, "complex"
+
+    def _out(args: tuple[Any, ...], out: Any) -> int:
+        """Every tensor argument read once plus every output written once."""
+        outputs = out if isinstance(out, tuple) else (out,)
+        return _bytes(*[a for a in args if isinstance(a, torch.Tensor)]) + _bytes(*outputs)
+
+    return [
+        Case("adaln_modulation", f"x (1, {tokens}, {width})", adaln_inputs,
+             lambda a: _out(a, adaln_modulation.reference(*a)), adaln_modulation.launch, adaln_modulation.reference),
+        Case("gated_residual", f"r, y (1, {tokens}, {width})", gated_inputs,
+             lambda a: _out(a, gated_residual.reference(*a)), gated_residual.launch, gated_residual.reference),
+        Case("qk_norm_rope", f"q (1, {seq}, {heads}, {head_dim}) complex RoPE", rope_inputs,
+             lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
+        Case("gelu_tanh", f"x (1, {tokens}, {hidden})", lambda: (randn(1, tokens, hidden),),
+             lambda a: 2 * _bytes(a[0]), gelu_tanh.launch, gelu_tanh.reference),
+        Case("swiglu", f"h (1, {tokens}, {2 * ff})", lambda: (randn(1, tokens, 2 * ff),),
+             lambda a: _bytes(a[0]) * 3 // 2, swiglu.launch, swiglu.reference),
+    ]
+
+
+def median_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def copy_tbs(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    source = torch.randn(1 << 30, device=device, dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    ms = median_ms(lambda: target.copy_(source), device)
+    return 2 * source.numel() * source.element_size() / (ms * 1e-3) / 1e12
+
+
+def rel_err(candidate: Any, reference: Any) -> float:
+    pairs = zip(candidate, reference, strict=True) if isinstance(reference, tuple) else [(candidate, reference)]
+    worst = 0.0
+    for c, r in pairs:
+        r64 = r.double()
+        worst = max(worst, ((c.double() - r64).norm() / r64.norm()).item())
+    return worst
+
+
+def measure(case: Case, device: torch.device, ceiling: float | None) -> dict[str, Any]:
+    """Time the kernel, the eager reference and (GPU) the compiled reference on one input set."""
+    args = case.inputs()
+    nbytes = case.nbytes(args)
+    error = rel_err(case.kernel(*args), case.reference(*args))
+    kernel_ms = median_ms(lambda: case.kernel(*args), device)
+    eager_ms = median_ms(lambda: case.reference(*args), device)
+    compiled_ms = None
+    if device.type == "cuda":
+        compiled = torch.compile(case.reference)
+        compiled(*args)
+        compiled_ms = median_ms(lambda: compiled(*args), device)
+    achieved = nbytes / (kernel_ms * 1e-3) / 1e12
+    return dict(kernel=case.name, shape=case.shape, bytes=nbytes, kernel_ms=kernel_ms, eager_ms=eager_ms,
+                compiled_ms=compiled_ms, rel_err=error, achieved_tbs=achieved,
+                fraction_of_copy=None if ceiling is None else achieved / ceiling)
+
+
+def run(size: str, out_dir: Path) -> list[dict[str, Any]]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ceiling = copy_tbs(device)
+    rows = []
+    for case in cases(size, device):
+        row = measure(case, device, ceiling)
+        rows.append(row)
+        print(f"{case.name:<18} {row['kernel_ms']:8.4f} ms  {row['achieved_tbs']:6.2f} TB/s  "
+              f"rel_err {row['rel_err']:.2e}", flush=True)
+    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
+                torch=torch.__version__, size=size, copy_tbs=ceiling, commit=os.environ.get("KOPT_COMMIT"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"kernels-{size}"
+    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    lines = [f"# Kernels ({size}) on {meta['device']}, copy ceiling {ceiling} TB/s", "",
+             "| kernel | shape | MB | kernel ms | eager ms | torch.compile ms | TB/s | of copy | rel err |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        fraction = "–" if r["fraction_of_copy"] is None else f"{100 * r['fraction_of_copy']:.0f}%"
+        compiled = "–" if r["compiled_ms"] is None else f"{r['compiled_ms']:.4f}"
+        lines.append(f"| {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['kernel_ms']:.4f} | "
+                     f"{r['eager_ms']:.4f} | {compiled} | {r['achieved_tbs']:.2f} | {fraction} | {r['rel_err']:.2e} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=["tiny", "full"], default="full" if torch.cuda.is_available() else "tiny")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    args = parser.parse_args()
+    run(args.size, args.out)
+
+
+if __name__ == "__main__":
+    main()
