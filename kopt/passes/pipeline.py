@@ -31,8 +31,9 @@ def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"`` yet: correct and tested, not yet measured to pay on a GPU.
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
     from kopt.passes.fuse_adaln import FuseAdaLN
+    from kopt.passes.fuse_gated_residual import FuseGatedResidual
 
-    return [FuseAdaLN()]
+    return [FuseAdaLN(), FuseGatedResidual()]  # in this order: the second consumes the first's ops
 
 
 def available_passes() -> dict[str, Pass]:
