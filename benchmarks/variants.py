@@ -107,6 +107,9 @@ def _fp8(model: nn.Module, setup: Setup, *, compile_blocks: bool) -> Prepared:
 KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt": dict(passes="auto"),  # lower="inductor" (default)
     "kopt-eager": dict(passes="auto", lower="eager"),  # rewritten FX graph op by op: fast to compile
+    # auto plus the opt-in kernel fusions (kopt::adaln_modulation, kopt::gated_residual), before staging
+    "kopt-fused": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln",
+                               "fuse-gated-residual", "staging"]),
 }
 
 
@@ -158,7 +161,7 @@ def all_variants() -> list[Variant]:
 
 
 DEFAULT_FULL = ("eager", "torch.compile", "kopt", "fp8+torch.compile")
-DEFAULT_TINY = tuple(v.name for v in all_variants() if not v.name.startswith("kopt-no-"))
+DEFAULT_TINY = tuple(v.name for v in all_variants() if not v.name.startswith(("kopt-no-", "kopt-fused")))
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
