@@ -32,8 +32,10 @@ def opt_in_passes() -> list[Pass]:
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
+    from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
 
-    return [FuseAdaLN(), FuseGatedResidual()]  # in this order: the second consumes the first's ops
+    # in this order: fuse-gated-residual consumes fuse-adaln's ops
+    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope()]
 
 
 def available_passes() -> dict[str, Pass]:

@@ -1,0 +1,146 @@
+"""Fuse QK RMSNorm + complex RoPE (Qwen-Image's form) into one ``kopt::qk_norm_rope``.
+
+    n = x * rsqrt(mean(x², -1) + eps) [* weight]                 (RMSNorm over the head dim)
+    out = view_as_real(view_as_complex(n.view(B, S, H, D/2, 2)) * freqs[:, None]).view(B, S, H, D)
+  → out = kopt.qk_norm_rope(x, weight, freqs.real, freqs.imag, eps, "complex")
+
+Inductor cannot generate code for complex arithmetic, so unfused this region runs as several
+ATen kernels each moving the whole Q or K tensor; fused it is one read and one write, with the
+cos/sin tables read as strided views of ``freqs`` (no copy). Casts between the ops (bf16 models
+norm in float32 and cast back) do not hide the match. Valid when ``freqs`` is a complex (S, D/2)
+table broadcast over batch and heads and the result is cast back to the input's dtype.
+Contract: tolerance — the kernel keeps float32 from the norm through the rotation and rounds once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kopt.fx.constants import constant_value
+from kopt.fx.graph_utils import replace
+from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
+from kopt.passes.base import Contract, Pass, PassContext
+
+aten = torch.ops.aten
+RULE = "qk-norm-rope"
+
+
+def _val(node: object) -> torch.Tensor | None:
+    return getattr(node, "meta", {}).get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _is_cast(node: object) -> bool:
+    """A ``_to_copy`` that changes at most the dtype (``.float()``, ``.to(dtype)``, ``type_as``)."""
+    if not (isinstance(node, torch.fx.Node) and node.target is aten._to_copy.default):
+        return False
+    if not set(node.kwargs) <= {"dtype", "layout", "device"}:
+        return False
+    if node.kwargs.get("layout", torch.strided) != torch.strided:
+        return False
+    source, result = _val(node.args[0]), _val(node)
+    return source is not None and result is not None and source.device == result.device
+
+
+def _through_casts(node: object) -> object:
+    """The value behind a chain of dtype-only casts."""
+    while _is_cast(node):
+        node = node.args[0]  # type: ignore[union-attr]
+    return node
+
+
+def _only_user(node: torch.fx.Node, target: object) -> torch.fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and users[0].target is target else None
+
+
+def _rms_norm(node: object) -> tuple[torch.fx.Node, torch.fx.Node | None, float] | str:
+    """(x, weight or None, eps) if ``node`` computes an RMSNorm over the last dim, else why not."""
+    node = _through_casts(node)
+    weight = None
+    if isinstance(node, torch.fx.Node) and node.target is aten.mul.Tensor:
+        a, b = node.args[:2]
+        for candidate, other in ((b, a), (a, b)):
+            value = constant_value(candidate)
+            if value is not None and value.dim() == 1:
+                weight, node = candidate, _through_casts(other)
+                break
+    if not (isinstance(node, torch.fx.Node) and node.target is aten.mul.Tensor):
+        return "the rotated value is not an RMSNorm output"
+    xs, rstd = node.args[:2]
+    if not (isinstance(rstd, torch.fx.Node) and rstd.target is aten.rsqrt.default):
+        xs, rstd = rstd, xs
+    if not (isinstance(rstd, torch.fx.Node) and rstd.target is aten.rsqrt.default):
+        return "no rsqrt: the rotated value is not an RMSNorm output"
+    total = rstd.args[0]
+    if not (isinstance(total, torch.fx.Node) and total.target is aten.add.Tensor
+            and isinstance(total.args[1], float)):
+        return "rsqrt of something other than mean + eps"
+    mean = total.args[0]
+    if not (isinstance(mean, torch.fx.Node) and mean.target is aten.mean.dim and list(mean.args[1]) == [-1]):
+        return "not a mean over the last dimension"
+    square = mean.args[0]
+    if not (isinstance(square, torch.fx.Node) and square.target is aten.pow.Tensor_Scalar and square.args[1] == 2):
+        return "not a mean of squares"
+    if _through_casts(square.args[0]) is not _through_casts(xs):
+        return "the norm's statistics and its scaled value come from different tensors"
+    return _through_casts(xs), weight, float(total.args[1])  # type: ignore[return-value]
+
+
+def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
+    """(x, weight, eps, freqs, result) for the region around ``complex_view``, or why not."""
+    pairs = complex_view.args[0]
+    product = _only_user(complex_view, aten.mul.Tensor)
+    if product is None or not isinstance(pairs, torch.fx.Node) or pairs.target is not aten.view.default:
+        return "view_as_complex is not of a (..., D/2, 2) view followed by one multiply"
+    broadcast = product.args[1] if product.args[0] is complex_view else product.args[0]
+    if not (isinstance(broadcast, torch.fx.Node) and broadcast.target is aten.unsqueeze.default
+            and broadcast.args[1] == 1):
+        return "the rotation is not freqs[:, None] broadcast over heads"
+    freqs = broadcast.args[0]
+    real = _only_user(product, aten.view_as_real.default)
+    flat = _only_user(real, aten.view.default) if real is not None else None
+    if flat is None:
+        return "the product is not viewed back to real (B, S, H, D)"
+    result = flat
+    cast = list(flat.users)
+    if len(cast) == 1 and _is_cast(cast[0]):
+        result = cast[0]
+    norm = _rms_norm(pairs.args[0])
+    if isinstance(norm, str):
+        return norm
+    x, weight, eps = norm
+    x_val, freqs_val, result_val = _val(x), _val(freqs), _val(result)
+    if x_val is None or x_val.dim() != 4 or freqs_val is None or not freqs_val.is_complex():
+        return "x is not (B, S, H, D) or the table is not complex"
+    if tuple(freqs_val.shape) != (x_val.shape[1], x_val.shape[3] // 2):
+        return f"table shape {tuple(freqs_val.shape)} is not (S, D/2)"
+    if result_val is None or result_val.dtype != x_val.dtype or result_val.shape != x_val.shape:
+        return "the result is not cast back to the input's dtype and shape"
+    return x, weight, eps, freqs, result
+
+
+class FuseQKNormRope(Pass):
+    name = "fuse-qk-norm-rope"
+    why = "RMSNorm and the complex rotary embedding of Q and K in one pass (Inductor cannot fuse complex ops)"
+    contract = Contract.tolerance(1e-2)
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        graph = graph_module.graph
+        for node in list(graph.nodes):
+            if node.target is not aten.view_as_complex.default:
+                continue
+            found = match(node)
+            if isinstance(found, str):
+                ctx.decline(RULE, node, found)
+                continue
+            if not ctx.fire(RULE, node):
+                continue
+            x, weight, eps, freqs, result = found
+            with graph.inserting_before(result):
+                table = graph.call_function(aten.view_as_real.default, (freqs,))
+                cos = graph.call_function(aten.select.int, (table, -1, 0))
+                sin = graph.call_function(aten.select.int, (table, -1, 1))
+                fused = graph.call_function(torch.ops.kopt.qk_norm_rope.default,
+                                            (x, weight, cos, sin, eps, "complex"))
+            replace(result, fused, pass_name=self.name, rule=RULE)
+        graph.eliminate_dead_code()
