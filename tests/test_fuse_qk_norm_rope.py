@@ -66,3 +66,20 @@ def test_norm_without_rope_is_left_alone():
     graph_module = trace_function(lambda x: norm(x) * 2, torch.randn(2, 5, 3, 16))
     (record,) = run_passes(graph_module, [FuseQKNormRope()], strict=True)
     assert record.total_matches == 0 and record.near_misses == []
+
+
+def test_all_kernel_fusions_survive_inductor_on_qwen_image():
+    """The three kopt ops and the complex table views feeding them lower through Inductor."""
+    workload = get_workload("qwen-image")
+    torch.manual_seed(0)
+    model = workload.model("tiny")
+    passes = ["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln", "fuse-gated-residual",
+              "fuse-qk-norm-rope", "staging"]
+    compiled = kopt.compile(model, passes=passes)
+    inputs = workload.inputs("tiny", seed=6)
+    with torch.no_grad():
+        assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < 1e-5
+    report = compiled.kopt_report
+    assert report.graphs[0].lowering == "inductor" and report.graphs[0].fallback is None
+    assert (report.matches("fuse-adaln"), report.matches("fuse-gated-residual"),
+            report.matches("fuse-qk-norm-rope")) == (8, 3, 8)
