@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kopt.kernels._rows import DTYPES, modulation_rows, row_config
 
 __all__ = ["adaln_modulation", "launch", "reference"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # ----------------------------------------------------------------------------------------------- spec
@@ -96,29 +96,6 @@ def _adaln_modulation_kernel(
 
 
 # ------------------------------------------------------------------------------------------- launcher
-_CONFIGS: dict[tuple[int, torch.dtype], tuple[int, int]] = {}
-
-
-def _config(n: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) for a row of ``n`` elements; cached per (n, dtype)."""
-    key = (n, dtype)
-    if key not in _CONFIGS:
-        block_n = triton.next_power_of_2(n)
-        num_warps = 4 if n <= 2048 else 8 if n <= 8192 else 16
-        _CONFIGS[key] = (block_n, num_warps)
-    return _CONFIGS[key]
-
-
-def _mod_rows(t: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
-    """View a (B, N) or (B, 1, N) modulation tensor as (B, N) with unit last-dim stride."""
-    if t.dtype not in _DTYPES:
-        raise ValueError(f"adaln_modulation: {name} dtype must be one of {_DTYPES}, got {t.dtype}")
-    if tuple(t.shape) not in ((b, n), (b, 1, n)):
-        raise ValueError(f"adaln_modulation: {name} must have shape ({b}, {n}) or ({b}, 1, {n}), got {tuple(t.shape)}")
-    t = t.reshape(b, n)
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    return t  # a chunk() of a (B, 6N) projection keeps its row stride: no copy
 
 
 def launch(
@@ -133,16 +110,16 @@ def launch(
     """Run the Triton kernel; returns ``out`` (allocated contiguous when not given)."""
     if x.dim() != 3:
         raise ValueError(f"adaln_modulation: x must be (B, S, N), got shape {tuple(x.shape)}")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"adaln_modulation: x dtype must be one of {_DTYPES}, got {x.dtype}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"adaln_modulation: x dtype must be one of {DTYPES}, got {x.dtype}")
     b, s, n = x.shape
     x = x.contiguous()
-    scale = _mod_rows(scale, "scale", b, n)
-    shift = _mod_rows(shift, "shift", b, n)
+    scale = modulation_rows(scale, "scale", "adaln_modulation", b, n)
+    shift = modulation_rows(shift, "shift", "adaln_modulation", b, n)
     if weight is not None:
         if not rms:
             raise ValueError("adaln_modulation: weight is only supported with rms=True (LayerNorm has no affine)")
-        if tuple(weight.shape) != (n,) or weight.dtype not in _DTYPES:
+        if tuple(weight.shape) != (n,) or weight.dtype not in DTYPES:
             raise ValueError(f"adaln_modulation: weight must be ({n},) float, got {tuple(weight.shape)} {weight.dtype}")
         weight = weight.contiguous()
     for name, t in (("scale", scale), ("shift", shift), ("weight", weight)):
@@ -157,7 +134,7 @@ def launch(
         )
     if x.numel() == 0:
         return out
-    block_n, num_warps = _config(n, x.dtype)
+    block_n, num_warps = row_config(n, x.dtype)
     _adaln_modulation_kernel[(b * s,)](
         x,
         scale,

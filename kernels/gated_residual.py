@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kopt.kernels._rows import DTYPES, modulation_rows, row_config
 
 __all__ = ["gated_residual", "launch", "reference"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # ----------------------------------------------------------------------------------------------- spec
@@ -94,29 +94,6 @@ def _gated_residual_kernel(
 
 
 # ------------------------------------------------------------------------------------------- launcher
-_CONFIGS: dict[tuple[int, torch.dtype], tuple[int, int]] = {}
-
-
-def _config(n: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) for a row of ``n`` elements; cached per (n, dtype)."""
-    key = (n, dtype)
-    if key not in _CONFIGS:
-        block_n = triton.next_power_of_2(n)
-        num_warps = 4 if n <= 2048 else 8 if n <= 8192 else 16
-        _CONFIGS[key] = (block_n, num_warps)
-    return _CONFIGS[key]
-
-
-def _mod_rows(t: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
-    """View a (B, N) or (B, 1, N) modulation tensor as (B, N) with unit last-dim stride."""
-    if t.dtype not in _DTYPES:
-        raise ValueError(f"gated_residual: {name} dtype must be one of {_DTYPES}, got {t.dtype}")
-    if tuple(t.shape) not in ((b, n), (b, 1, n)):
-        raise ValueError(f"gated_residual: {name} must have shape ({b}, {n}) or ({b}, 1, {n}), got {tuple(t.shape)}")
-    t = t.reshape(b, n)
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    return t  # a chunk() of a (B, 6N) projection keeps its row stride: no copy
 
 
 def _check_out(t: torch.Tensor | None, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -142,16 +119,16 @@ def launch(
     """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous)."""
     if r.dim() != 3:
         raise ValueError(f"gated_residual: r must be (B, S, N), got shape {tuple(r.shape)}")
-    if r.dtype not in _DTYPES:
-        raise ValueError(f"gated_residual: r dtype must be one of {_DTYPES}, got {r.dtype}")
+    if r.dtype not in DTYPES:
+        raise ValueError(f"gated_residual: r dtype must be one of {DTYPES}, got {r.dtype}")
     if y.shape != r.shape or y.dtype != r.dtype:
         raise ValueError(f"gated_residual: y must match r {tuple(r.shape)} {r.dtype}, got {tuple(y.shape)} {y.dtype}")
     b, s, n = r.shape
     r = r.contiguous()
     y = y.contiguous()
-    gate = _mod_rows(gate, "gate", b, n)
-    scale = _mod_rows(scale, "scale", b, n)
-    shift = _mod_rows(shift, "shift", b, n)
+    gate = modulation_rows(gate, "gate", "gated_residual", b, n)
+    scale = modulation_rows(scale, "scale", "gated_residual", b, n)
+    shift = modulation_rows(shift, "shift", "gated_residual", b, n)
     for name, t in (("y", y), ("gate", gate), ("scale", scale), ("shift", shift)):
         if t.device != r.device:
             raise ValueError(f"gated_residual: {name} is on {t.device}, r on {r.device}")
@@ -159,7 +136,7 @@ def launch(
     m_out = _check_out(out[1] if out is not None else None, "out[1]", r)
     if r.numel() == 0:
         return r_out, m_out
-    block_n, num_warps = _config(n, r.dtype)
+    block_n, num_warps = row_config(n, r.dtype)
     _gated_residual_kernel[(b * s,)](
         r,
         y,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -109,6 +110,25 @@ class PassContext:
     @property
     def total_matches(self) -> int:
         return sum(self.matches.values())
+
+
+Found = TypeVar("Found")
+
+
+def accepted_matches(graph: torch.fx.Graph, target: object, match: Callable[[torch.fx.Node], Found | str],
+                     ctx: PassContext, rule: str) -> Iterator[tuple[torch.fx.Node, Found]]:
+    """Each node calling ``target`` whose ``match`` succeeds and for which fuel remains.
+
+    ``match`` returns what the rewrite needs, or a string: the reason to decline, recorded as a
+    near miss. Iterates over a snapshot, so the caller may rewrite the graph as it goes."""
+    for node in list(graph.nodes):
+        if node.target is not target or getattr(node, "_erased", False):  # erased by an earlier rewrite
+            continue
+        found = match(node)
+        if isinstance(found, str):
+            ctx.decline(rule, node, found)
+        elif ctx.fire(rule, node):
+            yield node, found
 
 
 class Pass(abc.ABC):

@@ -19,7 +19,7 @@ import torch
 from kopt.fx.binding_time import is_view
 from kopt.fx.graph_utils import replace
 from kopt.kernels import adaln_modulation as _registers_the_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "adaln-modulation"
@@ -97,16 +97,7 @@ class FuseAdaLN(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for norm in list(graph.nodes):
-            if norm.target is not aten.native_layer_norm.default:
-                continue
-            found = match(norm)
-            if isinstance(found, str):
-                ctx.decline(RULE, norm, found)
-                continue
-            if not ctx.fire(RULE, norm):
-                continue
-            x, scale, shift, eps = found
+        for norm, (x, scale, shift, eps) in accepted_matches(graph, aten.native_layer_norm.default, match, ctx, RULE):
             normed = next(g for g in norm.users if g.users)
             total = next(iter(next(iter(normed.users)).users))
             with graph.inserting_before(total):

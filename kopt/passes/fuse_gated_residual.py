@@ -21,7 +21,7 @@ import torch
 from kopt.fx.graph_utils import replace, stamp
 from kopt.kernels import adaln_modulation as _adaln_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.kernels import gated_residual as _gated_op  # noqa: F401  (torch.ops.kopt.gated_residual)
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "gated-residual"
@@ -66,16 +66,8 @@ class FuseGatedResidual(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for adaln in list(graph.nodes):
-            if adaln.target is not torch.ops.kopt.adaln_modulation.default:
-                continue
-            found = match(adaln)
-            if isinstance(found, str):
-                ctx.decline(RULE, adaln, found)
-                continue
-            if not ctx.fire(RULE, adaln):
-                continue
-            residual_add, r, y, gate = found
+        target = torch.ops.kopt.adaln_modulation.default
+        for adaln, (residual_add, r, y, gate) in accepted_matches(graph, target, match, ctx, RULE):
             _, scale, shift, _, eps, _ = adaln.args
             with graph.inserting_before(adaln):
                 fused = graph.call_function(torch.ops.kopt.gated_residual.default, (r, y, gate, scale, shift, eps))

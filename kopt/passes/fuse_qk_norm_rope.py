@@ -19,7 +19,7 @@ import torch
 from kopt.fx.constants import constant_value
 from kopt.fx.graph_utils import replace
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope"
@@ -126,16 +126,8 @@ class FuseQKNormRope(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for node in list(graph.nodes):
-            if node.target is not aten.view_as_complex.default:
-                continue
-            found = match(node)
-            if isinstance(found, str):
-                ctx.decline(RULE, node, found)
-                continue
-            if not ctx.fire(RULE, node):
-                continue
-            x, weight, eps, freqs, result = found
+        for _, (x, weight, eps, freqs, result) in accepted_matches(graph, aten.view_as_complex.default, match,
+                                                                   ctx, RULE):
             with graph.inserting_before(result):
                 table = graph.call_function(aten.view_as_real.default, (freqs,))
                 cos = graph.call_function(aten.select.int, (table, -1, 0))
