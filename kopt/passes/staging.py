@@ -105,8 +105,8 @@ class BindingTimeStaging(Pass):
     def _mark_hoisted(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
         times = binding_times(graph)
-        frontier = [n for n in graph.nodes if n in needed_at_runtime(graph, times, Role.STEP_INVARIANT)
-                    and n.op == "call_function" and not is_view(n)]
+        needed = needed_at_runtime(graph, times, Role.STEP_INVARIANT)
+        frontier = [n for n in graph.nodes if n in needed and n.op == "call_function" and not is_view(n)]
         if not frontier:
             invariant_inputs = [n.name for n in graph.nodes
                                 if n.op == "placeholder" and times.get(n) is Role.STEP_INVARIANT]
