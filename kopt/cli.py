@@ -19,10 +19,32 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _passes(spec: str) -> str | list[str]:
+    """``auto`` or a comma-separated list of pass names (``kopt passes`` lists them), validated."""
+    from kopt.passes.pipeline import resolve
+
+    passes = "auto" if spec == "auto" else [name.strip() for name in spec.split(",") if name.strip()]
+    try:
+        resolve(passes)
+    except ValueError as error:
+        raise SystemExit(f"kopt: {error}") from None
+    return passes
+
+
+def _workload(name: str) -> str:
+    from kopt.workloads import get_workload
+
+    try:
+        get_workload(name)
+    except (KeyError, ImportError, AttributeError, TypeError) as error:
+        raise SystemExit(f"kopt: {error}") from None
+    return name
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     from kopt.demo import explain, summary_line
 
-    result = explain(args.workload, size=args.size, lower=args.lower)
+    result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes))
     if args.json:
         print(json.dumps({**result, "report": result["report"].to_dict()}, indent=1, default=str))
     else:
@@ -38,7 +60,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"the CPU, lowered with {args.lower}. CPU times are a sanity figure, not a benchmark.\n")
     lines = []
     for name in args.models.split(","):
-        result = explain(name, lower=args.lower)
+        result = explain(_workload(name), lower=args.lower, passes=_passes(args.passes))
         print(f"=== {name} ===")
         print(result["report"])
         print()
@@ -54,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="compile tiny Qwen-Image and FLUX.2 on the CPU and report")
     demo.add_argument("--models", default="qwen-image,flux2")
     demo.add_argument("--lower", choices=["inductor", "eager"], default="inductor")
+    demo.add_argument("--passes", default="auto", help="auto, or pass names separated by commas")
     demo.set_defaults(run=_cmd_demo)
     passes = commands.add_parser("passes", help="list the default pipeline with each pass's why and contract")
     passes.set_defaults(run=_cmd_passes)
@@ -61,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("workload", help="qwen-image, flux2, or module:factory")
     explain.add_argument("--size", choices=["tiny", "full"], default="tiny")
     explain.add_argument("--lower", choices=["inductor", "eager"], default="eager")
+    explain.add_argument("--passes", default="auto", help="auto, or pass names separated by commas")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.set_defaults(run=_cmd_explain)
     return parser

@@ -84,3 +84,11 @@ def test_custom_pass_example_runs():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "fuse-silu fired 1x" in result.stdout
+
+
+def test_cli_rejects_unknown_passes_and_workloads_cleanly():
+    """A typo gets one line naming the valid choices, not a traceback."""
+    for argv, expected in ((["explain", "flux2", "--passes", "nope"], "unknown pass 'nope'"),
+                           (["explain", "qwen"], "unknown workload 'qwen'")):
+        result = subprocess.run(["kopt", *argv], capture_output=True, text=True, timeout=300)
+        assert result.returncode != 0 and expected in result.stderr and "Traceback" not in result.stderr
