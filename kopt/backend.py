@@ -71,13 +71,18 @@ class CompiledGraph:
         start = time.perf_counter()
         self.report.lowering = options.lower.value
         if rewritten is not None and self._verified(example_inputs, rewritten):
-            self.captured = rewritten
-            self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
-            self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
-        else:
+            try:
+                self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
+                self.captured = rewritten
+                self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
+            except Exception as error:  # lowering the rewritten graph failed: lower the original
+                if options.strict:
+                    raise
+                self.report.fallback = f"lowering the rewritten graph failed: {type(error).__name__}: {error}"
+        if self.captured is None:
             original = self.dynamo_graph.forward if options.lower is Lowering.EAGER else None
             self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
-            if rewritten is None and not self.report.fallback:
+            if not self.report.fallback:
                 self.report.lowering += " (original graph: no rewrite fired)"
         self.report.compile_seconds = time.perf_counter() - start
         self.generation = self.backend.generation
@@ -107,6 +112,11 @@ class CompiledGraph:
             captured = capture(self.dynamo_graph, example_inputs, roles)
         except CaptureUnsupported as reason:
             self.report.fallback = f"capture unsupported: {reason}"
+            return None
+        except Exception as error:  # a capture bug must not break the user's model either
+            if options.strict:
+                raise
+            self.report.fallback = f"capture failed: {type(error).__name__}: {error}"
             return None
         self.report.passes = run_passes(captured.graph_module, self.backend.passes,
                                         graph_index=self.report.index, strict=options.strict,

@@ -92,3 +92,45 @@ def test_pass_manager_strict_error_type():
     compiled = kopt.compile(model, passes=[RAISING], lower="eager", strict=True)
     with torch.no_grad(), pytest.raises(PassFailed, match="'raising' raised: deliberate failure"):
         compiled(torch.randn(2, 8))
+
+
+def _explode(*args, **kwargs):
+    raise RuntimeError("deliberate capture/lowering failure")
+
+
+def test_capture_failure_falls_back_to_the_original_graph(monkeypatch):
+    """Even a crash in kopt's own capture leaves the model running, with the reason reported."""
+    import kopt.backend
+
+    monkeypatch.setattr(kopt.backend, "capture", _explode)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    compiled = kopt.compile(model, lower="eager")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x))
+    assert "capture failed: RuntimeError: deliberate" in compiled.kopt_report.graphs[0].fallback
+
+
+def test_lowering_failure_falls_back_and_strict_raises(monkeypatch):
+    import kopt.backend
+
+    monkeypatch.setattr(kopt.backend.CompiledGraph, "_lower_rewritten", _explode)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)).eval()
+    x = torch.randn(3, 8)
+
+    class Twice(torch.nn.Module):  # a repeated subexpression, so that a rewrite fires
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return self.inner(x) + self.inner(x)
+
+    compiled = kopt.compile(Twice().eval(), lower="eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x) + model(x))
+    assert "lowering the rewritten graph failed" in compiled.kopt_report.graphs[0].fallback
+    torch._dynamo.reset()
+    strict = kopt.compile(Twice().eval(), lower="eager", strict=True)
+    with torch.no_grad(), pytest.raises(Exception, match="deliberate"):
+        strict(x)
