@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from kopt.kernels._rows import DTYPES, modulation_rows, row_config
 
 __all__ = ["adaln_modulation", "launch", "reference"]

@@ -9,9 +9,9 @@ import zlib
 import pytest
 import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2SwiGLU
-from kopt.kernels import gelu_tanh, swiglu
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from kopt.kernels import gelu_tanh, swiglu
 from tests.conftest import rel_err
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}

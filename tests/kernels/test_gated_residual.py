@@ -6,9 +6,9 @@ import zlib
 
 import pytest
 import torch
-from kopt.kernels import gated_residual as mod
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from kopt.kernels import gated_residual as mod
 from tests.conftest import rel_err
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}

@@ -10,9 +10,9 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
-from kopt.kernels import qk_norm_rope as mod
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from kopt.kernels import qk_norm_rope as mod
 from tests.conftest import rel_err
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
