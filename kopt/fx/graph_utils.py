@@ -80,3 +80,17 @@ def refresh_meta(graph_module: torch.fx.GraphModule, example_fakes: Iterable[obj
 def missing_meta(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """Nodes without FakeTensor metadata (a lint used between passes in tests)."""
     return [n for n in graph.nodes if n.op != "output" and "val" not in n.meta]
+
+
+def meta_value(node: object) -> torch.Tensor | None:
+    """The FakeTensor a node carries in ``meta["val"]``, or None (non-nodes, multi-output nodes)."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def only_user(node: torch.fx.Node, target: object = None) -> torch.fx.Node | None:
+    """The single user of ``node`` (calling ``target``, when given), or None."""
+    users = list(node.users)
+    if len(users) != 1 or (target is not None and users[0].target is not target):
+        return None
+    return users[0]

@@ -18,7 +18,7 @@ import torch
 from kopt.fx.binding_time import is_view
 from kopt.fx.constants import constant_value, transposed_constant
 from kopt.fx.graph_utils import op_name, replace, stamp
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "bias-into-epilogue"
@@ -48,6 +48,18 @@ def why_not_elementwise(node: torch.fx.Node) -> str | None:
     return f"consumer {node.name} is {kind}, not an elementwise region: the bias stays in the GEMM"
 
 
+def match(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | str:
+    """(bias, x, weight.T) of an ``addmm`` whose output only elementwise regions read, else why not."""
+    if node.kwargs:
+        return "addmm with alpha/beta: not a plain linear"
+    bias, x, weight_t = node.args
+    bias_value = constant_value(bias)
+    if bias_value is None or bias_value.dim() != 1 or transposed_constant(weight_t) is None:
+        return "not a linear with constant weight and 1-D constant bias"
+    reasons = [r for r in map(why_not_elementwise, consumers(node)) if r]
+    return reasons[0] if reasons else (bias, x, weight_t)
+
+
 class BiasAbsorption(Pass):
     name = "bias-absorption"
     why = "a linear's bias is added in the elementwise region that reads its output anyway"
@@ -55,20 +67,7 @@ class BiasAbsorption(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for node in list(graph.nodes):
-            if node.target is not aten.addmm.default or node.kwargs:
-                continue
-            bias, x, weight_t = node.args
-            bias_value = constant_value(bias)
-            if bias_value is None or bias_value.dim() != 1 or transposed_constant(weight_t) is None:
-                ctx.decline(RULE, node, "not a linear with constant weight and 1-D constant bias")
-                continue
-            reasons = [r for r in map(why_not_elementwise, consumers(node)) if r]
-            if reasons:
-                ctx.decline(RULE, node, reasons[0])
-                continue
-            if not ctx.fire(RULE, node):
-                continue
+        for node, (bias, x, weight_t) in accepted_matches(graph, aten.addmm.default, match, ctx, RULE):
             with graph.inserting_before(node):
                 product = graph.call_function(aten.mm.default, (x, weight_t))
                 biased = graph.call_function(aten.add.Tensor, (product, bias))

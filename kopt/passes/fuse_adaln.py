@@ -17,18 +17,13 @@ import operator
 import torch
 
 from kopt.fx.binding_time import is_view
-from kopt.fx.graph_utils import replace
+from kopt.fx.graph_utils import only_user, replace
 from kopt.kernels import adaln_modulation as _registers_the_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "adaln-modulation"
 _ORDER_KEEPING_VIEWS = {aten.unsqueeze.default, aten.slice.Tensor, aten.view.default, aten._unsafe_view.default}
-
-
-def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
 
 
 def _other(node: torch.fx.Node, known: torch.fx.Node) -> object:
@@ -73,13 +68,13 @@ def match(norm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.N
     if len(getters) != 1 or getters[0].target is not operator.getitem or getters[0].args[1] != 0:
         return "mean or rstd of the norm is used elsewhere"
     normed = getters[0]
-    product = _only_user(normed)
+    product = only_user(normed)
     if product is None or product.target is not aten.mul.Tensor:
         return "the normalized value is not only multiplied"
     scale = _plus_one_operand(_other(product, normed))
     if scale is None:
         return "the multiplier is not (1 + scale)"
-    total = _only_user(product)
+    total = only_user(product)
     if total is None or total.target is not aten.add.Tensor or total.kwargs:
         return "no shift is added after the scale"
     shift = _other(total, product)

@@ -18,7 +18,7 @@ import operator
 
 import torch
 
-from kopt.fx.graph_utils import replace, stamp
+from kopt.fx.graph_utils import meta_value, replace, stamp
 from kopt.kernels import adaln_modulation as _adaln_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.kernels import gated_residual as _gated_op  # noqa: F401  (torch.ops.kopt.gated_residual)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
@@ -28,7 +28,8 @@ RULE = "gated-residual"
 
 
 def _shape(node: object) -> tuple[int, ...]:
-    return tuple(getattr(getattr(node, "meta", {}).get("val"), "shape", ()))
+    value = meta_value(node)
+    return () if value is None else tuple(value.shape)
 
 
 def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
@@ -53,7 +54,7 @@ def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
         gate, y = b, a
     else:
         return "not gate (B, 1, N) times y (B, S, N) with y shaped like the residual"
-    values = [getattr(n, "meta", {}).get("val") for n in (r, y)]
+    values = [meta_value(n) for n in (r, y)]
     if len(_shape(r)) != 3 or values[0] is None or values[1] is None or values[0].dtype != values[1].dtype:
         return "residual and y differ in rank or dtype"
     return x, r, y, gate

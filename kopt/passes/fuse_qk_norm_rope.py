@@ -17,16 +17,12 @@ from __future__ import annotations
 import torch
 
 from kopt.fx.constants import constant_value
-from kopt.fx.graph_utils import replace
+from kopt.fx.graph_utils import meta_value, only_user, replace
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope"
-
-
-def _val(node: object) -> torch.Tensor | None:
-    return getattr(node, "meta", {}).get("val") if isinstance(node, torch.fx.Node) else None
 
 
 def _is_cast(node: object) -> bool:
@@ -37,7 +33,7 @@ def _is_cast(node: object) -> bool:
         return False
     if node.kwargs.get("layout", torch.strided) != torch.strided:
         return False
-    source, result = _val(node.args[0]), _val(node)
+    source, result = meta_value(node.args[0]), meta_value(node)
     return source is not None and result is not None and source.device == result.device
 
 
@@ -46,11 +42,6 @@ def _through_casts(node: object) -> object:
     while _is_cast(node):
         node = node.args[0]  # type: ignore[union-attr]
     return node
-
-
-def _only_user(node: torch.fx.Node, target: object) -> torch.fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 and users[0].target is target else None
 
 
 def _rms_norm(node: object) -> tuple[torch.fx.Node, torch.fx.Node | None, float] | str:
@@ -89,7 +80,7 @@ def _rms_norm(node: object) -> tuple[torch.fx.Node, torch.fx.Node | None, float]
 def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     """(x, weight, eps, freqs, result) for the region around ``complex_view``, or why not."""
     pairs = complex_view.args[0]
-    product = _only_user(complex_view, aten.mul.Tensor)
+    product = only_user(complex_view, aten.mul.Tensor)
     if product is None or not isinstance(pairs, torch.fx.Node) or pairs.target is not aten.view.default:
         return "view_as_complex is not of a (..., D/2, 2) view followed by one multiply"
     broadcast = product.args[1] if product.args[0] is complex_view else product.args[0]
@@ -97,8 +88,8 @@ def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
             and broadcast.args[1] == 1):
         return "the rotation is not freqs[:, None] broadcast over heads"
     freqs = broadcast.args[0]
-    real = _only_user(product, aten.view_as_real.default)
-    flat = _only_user(real, aten.view.default) if real is not None else None
+    real = only_user(product, aten.view_as_real.default)
+    flat = only_user(real, aten.view.default) if real is not None else None
     if flat is None:
         return "the product is not viewed back to real (B, S, H, D)"
     result = flat
@@ -109,7 +100,7 @@ def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     if isinstance(norm, str):
         return norm
     x, weight, eps = norm
-    x_val, freqs_val, result_val = _val(x), _val(freqs), _val(result)
+    x_val, freqs_val, result_val = meta_value(x), meta_value(freqs), meta_value(result)
     if x_val is None or x_val.dim() != 4 or freqs_val is None or not freqs_val.is_complex():
         return "x is not (B, S, H, D) or the table is not complex"
     if tuple(freqs_val.shape) != (x_val.shape[1], x_val.shape[3] // 2):
