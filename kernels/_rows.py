@@ -1,9 +1,11 @@
-"""Launch helpers shared by the row-wise kernels (one program normalizes one row of N values)."""
+"""Helpers shared by the row-wise kernels (one program normalizes one row of N values): launch
+configuration and argument checks on the host, norm and modulation on the device."""
 
 from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CONFIGS: dict[tuple[int, torch.dtype], tuple[int, int]] = {}
@@ -30,3 +32,21 @@ def modulation_rows(t: torch.Tensor, name: str, op: str, b: int, n: int) -> torc
         raise ValueError(f"{op}: {name} must have shape ({b}, {n}) or ({b}, 1, {n}), got {tuple(t.shape)}")
     t = t.reshape(b, n)
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# ---------------------------------------------------------------- device helpers shared by the kernels
+@triton.jit
+def layer_norm_row(x, mask, N, eps):
+    """LayerNorm (no affine) of one float32 row held in registers; masked lanes stay zero."""
+    mean = tl.sum(x, axis=0) / N
+    diff = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(diff * diff, axis=0) / N
+    return diff * tl.rsqrt(var + eps)
+
+
+@triton.jit
+def modulate_row(normed, scale_row_ptr, shift_row_ptr, cols, mask):
+    """``normed * (1 + scale) + shift`` with this row's (B, N) modulation vectors, in float32."""
+    scale = tl.load(scale_row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    shift = tl.load(shift_row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return normed * (1.0 + scale) + shift

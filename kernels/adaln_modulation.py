@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kopt.kernels._rows import DTYPES, modulation_rows, row_config
+from kopt.kernels._rows import DTYPES, layer_norm_row, modulate_row, modulation_rows, row_config
 
 __all__ = ["adaln_modulation", "launch", "reference"]
 
@@ -85,14 +85,9 @@ def _adaln_modulation_kernel(
             w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             normed = normed * w
     else:
-        mean = tl.sum(x, axis=0) / N
-        diff = tl.where(mask, x - mean, 0.0)
-        var = tl.sum(diff * diff, axis=0) / N
-        normed = diff * tl.rsqrt(var + eps)
+        normed = layer_norm_row(x, mask, N, eps)
 
-    sc = tl.load(scale_ptr + batch * stride_scale_b + cols, mask=mask, other=0.0).to(tl.float32)
-    sh = tl.load(shift_ptr + batch * stride_shift_b + cols, mask=mask, other=0.0).to(tl.float32)
-    y = normed * (1.0 + sc) + sh
+    y = modulate_row(normed, scale_ptr + batch * stride_scale_b, shift_ptr + batch * stride_shift_b, cols, mask)
     tl.store(out_ptr + row_off + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kopt.kernels._rows import DTYPES, modulation_rows, row_config
+from kopt.kernels._rows import DTYPES, layer_norm_row, modulate_row, modulation_rows, row_config
 
 __all__ = ["gated_residual", "launch", "reference"]
 
@@ -82,15 +82,8 @@ def _gated_residual_kernel(
     tl.store(r_out_ptr + row_off + cols, r_new, mask=mask)
 
     # Normalize the rounded residual (what eager's next norm reads).
-    rn = r_new.to(tl.float32)
-    mean = tl.sum(rn, axis=0) / N
-    diff = tl.where(mask, rn - mean, 0.0)
-    var = tl.sum(diff * diff, axis=0) / N
-    normed = diff * tl.rsqrt(var + eps)
-
-    sc = tl.load(scale_ptr + batch * stride_scale_b + cols, mask=mask, other=0.0).to(tl.float32)
-    sh = tl.load(shift_ptr + batch * stride_shift_b + cols, mask=mask, other=0.0).to(tl.float32)
-    m = normed * (1.0 + sc) + sh
+    normed = layer_norm_row(r_new.to(tl.float32), mask, N, eps)
+    m = modulate_row(normed, scale_ptr + batch * stride_scale_b, shift_ptr + batch * stride_shift_b, cols, mask)
     tl.store(m_out_ptr + row_off + cols, m.to(m_out_ptr.dtype.element_ty), mask=mask)
 
 
