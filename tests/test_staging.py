@@ -125,6 +125,7 @@ def test_binding_times_and_golden_split():
     BindingTimeStaging().apply(graph_module, ctx)
     graph_module.recompile()
     assert ctx.matches == {"fold-constant": 1, "hoist-step-invariant": 1}  # (table * 2).sum() folded
+
     split = split_stages(graph_module, graph_module.meta[HOIST_KEY])
     invariant_ops = {str(n.target) for n in split.invariant.graph.nodes if n.op == "call_function"}
     main_ops = {str(n.target) for n in split.main.graph.nodes if n.op == "call_function"}
@@ -169,3 +170,19 @@ def test_a_later_pass_that_removes_the_frontier_leaves_the_graph_unstaged():
     graph = compiled.kopt_report.graphs[0]
     assert graph.memo is None
     assert any("not split out" in note for note in graph.passes[-1].notes)
+
+
+def test_report_counts_what_a_memo_hit_skips():
+    """The note states the hoisted GEMM FLOPs and the bytes of weights they read."""
+    w1, w2 = torch.randn(256, 1024), torch.randn(1024, 512)  # 1 MiB + 2 MiB of float32
+
+    def fn(x, t):
+        return x * (torch.sin(t) @ w1 @ w2)
+
+    graph_module = trace_function(fn, torch.randn(3, 512), torch.randn(1, 256))
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    placeholders[0].meta["kopt_role"], placeholders[1].meta["kopt_role"] = Role.PER_CALL, Role.STEP_INVARIANT
+    ctx = PassContext("staging")
+    BindingTimeStaging().apply(graph_module, ctx)
+    flops = 2 * 256 * 1024 + 2 * 1024 * 512
+    assert f"({flops / 1e6:,.1f} MFLOP of GEMMs reading 3.0 MiB of constants" in ctx.notes[-1]

@@ -128,6 +128,9 @@ class BindingTimeStaging(Pass):
         keys = sorted({str(i.meta.get("kopt_source", i.name)) for n in hoisted for i in n.all_input_nodes
                        if i.op == "placeholder"})
         flops = sum(gemm_flops(n) for n in hoisted)
+        weights = [constant_value(n) for n in hoisted if n.op == "get_attr"]
+        weight_bytes = sum(w.numel() * w.element_size() for w in weights if w is not None)
         count = len([n for n in hoisted if n.op == "call_function"])
-        ctx.notes.append(f"hoisted {count} step-invariant nodes ({flops / 1e6:,.1f} MFLOP of GEMMs saved per "
-                         f"memo hit) behind {len(frontier)} values, memoized on the values of {', '.join(keys)}")
+        ctx.notes.append(f"hoisted {count} step-invariant nodes ({flops / 1e6:,.1f} MFLOP of GEMMs reading "
+                         f"{weight_bytes / 2**20:,.1f} MiB of constants, skipped on a memo hit) behind "
+                         f"{len(frontier)} values, memoized on the values of {', '.join(keys)}")
