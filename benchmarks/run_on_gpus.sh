@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Run several full-size DiT benchmark jobs at once, one per GPU of the machine (no network there):
+#     bash benchmarks/run_on_gpus.sh "qwen-image --variants eager,kopt --tag a" \
+#                                    "qwen-image --variants eager,kopt-no-redundancy --tag b"
+# Job i runs dit.py on GPU i (CUDA_VISIBLE_DEVICES=i) with its own log, $OUT/log-<model>-<i>.txt.
+# Rows of different jobs ran on different cards: compare them through each job's own eager row
+# (the ratio to eager), never directly. Wheels and results as in run_on_gpu.sh.
+set -euo pipefail
+[ "$#" -ge 1 ] || { echo "usage: bash benchmarks/run_on_gpus.sh 'MODEL [dit.py args]' ..." >&2; exit 2; }
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/benchmarks/results}"
+mkdir -p "$OUT"
+source benchmarks/gpu_setup.sh
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+[ "$#" -le "$GPUS" ] || { echo "$# jobs but only $GPUS GPUs" >&2; exit 2; }
+
+pids=()
+i=0
+for job in "$@"; do
+    read -r -a words <<< "$job"
+    model="${words[0]}"
+    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 python3 benchmarks/dit.py --size full --models "$model" \
+        --out "$OUT" "${words[@]:1}" > "$OUT/log-$model-$i.txt" 2>&1 &
+    pids+=($!)
+    echo "job $i (GPU $i, pid ${pids[-1]}): $job"
+    i=$((i + 1))
+done
+status=0
+for j in "${!pids[@]}"; do
+    wait "${pids[$j]}" || { echo "job $j failed (rc $?)"; status=1; }
+done
+for j in "${!pids[@]}"; do
+    echo "=== job $j: tail of log ==="
+    tail -n 25 "$OUT"/log-*-"$j".txt
+done
+exit $status
