@@ -58,9 +58,10 @@ def run_metadata(device: torch.device) -> dict[str, Any]:
         "kopt": _version("kopt"),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        # the device machine gets the working tree without .git: the caller passes KOPT_COMMIT
-        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("KOPT_COMMIT"),
-        "git_dirty": None if dirty is None else bool(dirty),
+        # The device machine's copy may carry no .git, or a stale one: KOPT_COMMIT, when the caller
+        # passes it, names the tree that actually ran and wins over whatever git says there.
+        "git_commit": os.environ.get("KOPT_COMMIT") or _git("rev-parse", "HEAD"),
+        "git_dirty": None if dirty is None or os.environ.get("KOPT_COMMIT") else bool(dirty),
         "command": " ".join(sys.argv),
     }
 

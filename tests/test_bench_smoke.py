@@ -56,6 +56,17 @@ def test_every_requested_variant_has_a_finite_measured_row(tiny_results: dict, m
     assert _row(tiny_results, model, "fp8-eager")["cosine"] > 0.9
 
 
+@pytest.mark.parametrize("model", ["qwen-image", "flux2"])
+def test_staged_kopt_gets_a_memo_hit_row_that_hits(tiny_results: dict, model: str) -> None:
+    """The repeated-timestep row exists only for variants with a step-invariant stage and matches
+    eager; the memo recorded hits (from this row and the CFG pairs' second calls)."""
+    hit = _row(tiny_results, model, "kopt-eager", "forward-memo-hit")
+    assert hit["status"] == "ok" and hit["rel_err"] < 1e-5
+    assert not [r for r in tiny_results["rows"] if r["call"] == "forward-memo-hit" and r["variant"] != "kopt-eager"]
+    (memo,) = [g["memo"] for g in tiny_results["kopt_reports"][f"{model}/kopt-eager"]["graphs"] if g["memo"]]
+    assert memo["hits"] >= 1
+
+
 def test_results_carry_breakdown_flops_and_kopt_report(tiny_results: dict) -> None:
     assert {(b["model"], b["variant"]) for b in tiny_results["breakdown"]} == {
         (m, v) for m in ("qwen-image", "flux2") for v in VARIANTS}
