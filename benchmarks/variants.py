@@ -109,7 +109,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-eager": dict(passes="auto", lower="eager"),  # rewritten FX graph op by op: fast to compile
     # auto plus the opt-in kernel fusions (kopt::adaln_modulation, kopt::gated_residual), before staging
     "kopt-fused": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln",
-                               "fuse-gated-residual", "fuse-qk-norm-rope", "staging"]),
+                               "fuse-gated-residual", "fuse-qk-norm-rope", "fuse-qk-norm-rope-real",
+                               "fuse-joint-attention-input", "staging"]),
 }
 
 

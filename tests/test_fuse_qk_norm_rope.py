@@ -69,12 +69,13 @@ def test_norm_without_rope_is_left_alone():
 
 
 def test_all_kernel_fusions_survive_inductor_on_qwen_image():
-    """The three kopt ops and the complex table views feeding them lower through Inductor."""
+    """The kopt ops (the joint one takes lists of tensors) and the complex table views feeding them
+    lower through Inductor."""
     workload = get_workload("qwen-image")
     torch.manual_seed(0)
     model = workload.model("tiny")
     passes = ["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln", "fuse-gated-residual",
-              "fuse-qk-norm-rope", "staging"]
+              "fuse-qk-norm-rope", "fuse-joint-attention-input", "staging"]
     compiled = kopt.compile(model, passes=passes)
     inputs = workload.inputs("tiny", seed=6)
     with torch.no_grad():
@@ -82,4 +83,4 @@ def test_all_kernel_fusions_survive_inductor_on_qwen_image():
     report = compiled.kopt_report
     assert report.graphs[0].lowering == "inductor" and report.graphs[0].fallback is None
     assert (report.matches("fuse-adaln"), report.matches("fuse-gated-residual"),
-            report.matches("fuse-qk-norm-rope")) == (8, 3, 8)
+            report.matches("fuse-qk-norm-rope"), report.matches("fuse-joint-attention-input")) == (8, 3, 8, 4)

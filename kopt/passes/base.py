@@ -115,16 +115,19 @@ class PassContext:
 Found = TypeVar("Found")
 
 
-def accepted_matches(graph: torch.fx.Graph, target: object, match: Callable[[torch.fx.Node], Found | str],
+def accepted_matches(graph: torch.fx.Graph, target: object, match: Callable[[torch.fx.Node], Found | str | None],
                      ctx: PassContext, rule: str) -> Iterator[tuple[torch.fx.Node, Found]]:
     """Each node calling ``target`` whose ``match`` succeeds and for which fuel remains.
 
-    ``match`` returns what the rewrite needs, or a string: the reason to decline, recorded as a
-    near miss. Iterates over a snapshot, so the caller may rewrite the graph as it goes."""
+    ``match`` returns what the rewrite needs, a string (the reason to decline, recorded as a near
+    miss), or None (not a candidate at all: nothing recorded). Iterates over a snapshot, so the
+    caller may rewrite the graph as it goes."""
     for node in list(graph.nodes):
         if node.target is not target or getattr(node, "_erased", False):  # erased by an earlier rewrite
             continue
         found = match(node)
+        if found is None:
+            continue
         if isinstance(found, str):
             ctx.decline(rule, node, found)
         elif ctx.fire(rule, node):

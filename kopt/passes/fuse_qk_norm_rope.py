@@ -16,65 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from kopt.fx.constants import constant_value
 from kopt.fx.graph_utils import meta_value, only_user, replace
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
+from kopt.passes.rms_norm_match import is_cast, rms_norm
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope"
-
-
-def _is_cast(node: object) -> bool:
-    """A ``_to_copy`` that changes at most the dtype (``.float()``, ``.to(dtype)``, ``type_as``)."""
-    if not (isinstance(node, torch.fx.Node) and node.target is aten._to_copy.default):
-        return False
-    if not set(node.kwargs) <= {"dtype", "layout", "device"}:
-        return False
-    if node.kwargs.get("layout", torch.strided) != torch.strided:
-        return False
-    source, result = meta_value(node.args[0]), meta_value(node)
-    return source is not None and result is not None and source.device == result.device
-
-
-def _through_casts(node: object) -> object:
-    """The value behind a chain of dtype-only casts."""
-    while _is_cast(node):
-        node = node.args[0]  # type: ignore[union-attr]
-    return node
-
-
-def _rms_norm(node: object) -> tuple[torch.fx.Node, torch.fx.Node | None, float] | str:
-    """(x, weight or None, eps) if ``node`` computes an RMSNorm over the last dim, else why not."""
-    node = _through_casts(node)
-    weight = None
-    if isinstance(node, torch.fx.Node) and node.target is aten.mul.Tensor:
-        a, b = node.args[:2]
-        for candidate, other in ((b, a), (a, b)):
-            value = constant_value(candidate)
-            if value is not None and value.dim() == 1:
-                weight, node = candidate, _through_casts(other)
-                break
-    if not (isinstance(node, torch.fx.Node) and node.target is aten.mul.Tensor):
-        return "the rotated value is not an RMSNorm output"
-    xs, rstd = node.args[:2]
-    if not (isinstance(rstd, torch.fx.Node) and rstd.target is aten.rsqrt.default):
-        xs, rstd = rstd, xs
-    if not (isinstance(rstd, torch.fx.Node) and rstd.target is aten.rsqrt.default):
-        return "no rsqrt: the rotated value is not an RMSNorm output"
-    total = rstd.args[0]
-    if not (isinstance(total, torch.fx.Node) and total.target is aten.add.Tensor
-            and isinstance(total.args[1], float)):
-        return "rsqrt of something other than mean + eps"
-    mean = total.args[0]
-    if not (isinstance(mean, torch.fx.Node) and mean.target is aten.mean.dim and list(mean.args[1]) == [-1]):
-        return "not a mean over the last dimension"
-    square = mean.args[0]
-    if not (isinstance(square, torch.fx.Node) and square.target is aten.pow.Tensor_Scalar and square.args[1] == 2):
-        return "not a mean of squares"
-    if _through_casts(square.args[0]) is not _through_casts(xs):
-        return "the norm's statistics and its scaled value come from different tensors"
-    return _through_casts(xs), weight, float(total.args[1])  # type: ignore[return-value]
 
 
 def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
@@ -94,9 +42,9 @@ def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
         return "the product is not viewed back to real (B, S, H, D)"
     result = flat
     cast = list(flat.users)
-    if len(cast) == 1 and _is_cast(cast[0]):
+    if len(cast) == 1 and is_cast(cast[0]):
         result = cast[0]
-    norm = _rms_norm(pairs.args[0])
+    norm = rms_norm(pairs.args[0])
     if isinstance(norm, str):
         return norm
     x, weight, eps = norm

@@ -32,10 +32,13 @@ def opt_in_passes() -> list[Pass]:
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
+    from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
     from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
+    from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
 
-    # in this order: fuse-gated-residual consumes fuse-adaln's ops
-    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope()]
+    # in this order: fuse-gated-residual consumes fuse-adaln's ops; the joint attention input
+    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself)
+    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput()]
 
 
 def available_passes() -> dict[str, Pass]:
