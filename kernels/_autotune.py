@@ -88,7 +88,8 @@ class Choice:
 
     config: Config
     source: str  # "tuned" | "cache" | "default"
-    timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # config_name -> ms, when timed
+    default: str = ""  # config_name of the heuristic default (candidates[0]), to compare against
 
 
 class Tuner:
@@ -143,7 +144,7 @@ class Tuner:
         if not candidates:
             raise ValueError(f"autotune: no candidate configs for {kernel} [{key}]")
         if not self.enabled() or not self.can_time(device):
-            return self._record(kernel, Choice(dict(candidates[0]), "default"))
+            return self._record(kernel, Choice(dict(candidates[0]), "default", default=config_name(candidates[0])))
         fast = self._chosen.get((kernel, key, str(device)))  # this process already decided: no lookups
         if fast is not None:
             return self._record(kernel, fast)
@@ -154,12 +155,12 @@ class Tuner:
             entry = self._entries.get(full_key)
             cached = [c for c in candidates if entry is not None and c == entry["config"]]
             if cached:  # a config that is no longer a candidate (the kernel changed) is tuned again
-                choice = Choice(cached[0], "cache")
+                choice = Choice(cached[0], "cache", dict(entry.get("timings_ms", {})), config_name(candidates[0]))
             else:
                 config, timings = self._tune(kernel, key, candidates, make_runner())
                 self._entries[full_key] = {"config": config, "timings_ms": timings}
                 self._save()
-                choice = Choice(config, "tuned", timings)
+                choice = Choice(config, "tuned", timings, config_name(candidates[0]))
             self._chosen[(kernel, key, str(device))] = dataclasses.replace(choice, source="cache")
         return self._record(kernel, choice)
 

@@ -96,6 +96,7 @@ def test_persists_to_disk_and_reloads_in_a_new_tuner(tmp_path):
     fresh = Tuner(path=path, timer=FakeTimer([]), enabled=True)  # an empty timer raises if it is used
     assert fresh.choose("k", "n=8", CANDIDATES, _no_runner, CPU) == CANDIDATES[2]
     assert fresh.last["k"].source == "cache"
+    assert fresh.last["k"].timings_ms == entry["timings_ms"] and fresh.last["k"].default == config_name(CANDIDATES[0])
     # a second tuner's choice is merged into the file, not written over the first one's
     Tuner(path=path, timer=FakeTimer([1.0, 2.0, 3.0]), enabled=True).choose("k", "n=16", CANDIDATES, Runner(), CPU)
     assert len(json.loads(path.read_text())["entries"]) == 2
