@@ -9,6 +9,11 @@ Triton launcher (CUDA events through ``triton.testing.do_bench``; fresh random i
 zeros), the same for the eager reference and for ``torch.compile`` of the reference (what Inductor
 would generate for that region), the relative error of the kernel against the reference, and the
 achieved bandwidth bytes / time as a fraction of a device-to-device copy measured in the same run.
+
+The first launch of each kernel autotunes its launch config (``kopt.kernels._autotune``; on the
+GPU only, ``KOPT_AUTOTUNE=0`` keeps the heuristic default): the table reports the chosen config,
+whether it was tuned now or read from the cache, and the tuner's time for the heuristic default;
+the JSON has every candidate's time and the tuner's cache file is copied next to it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +37,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
 
-from kopt.kernels import adaln_modulation, gated_residual, gelu_tanh, qk_norm_rope, swiglu  # noqa: E402
+from kopt.kernels import _autotune, adaln_modulation, gated_residual, gelu_tanh, qk_norm_rope, swiglu  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -123,7 +129,8 @@ def measure(case: Case, device: torch.device, ceiling: float | None) -> dict[str
     """Time the kernel, the eager reference and (GPU) the compiled reference on one input set."""
     args = case.inputs()
     nbytes = case.nbytes(args)
-    error = rel_err(case.kernel(*args), case.reference(*args))
+    error = rel_err(case.kernel(*args), case.reference(*args))  # the first launch tunes
+    choice = _autotune.TUNER.last.get(case.name)
     kernel_ms = median_ms(lambda: case.kernel(*args), device)
     eager_ms = median_ms(lambda: case.reference(*args), device)
     compiled_ms = None
@@ -134,7 +141,19 @@ def measure(case: Case, device: torch.device, ceiling: float | None) -> dict[str
     achieved = nbytes / (kernel_ms * 1e-3) / 1e12
     return dict(kernel=case.name, shape=case.shape, bytes=nbytes, kernel_ms=kernel_ms, eager_ms=eager_ms,
                 compiled_ms=compiled_ms, rel_err=error, achieved_tbs=achieved,
-                fraction_of_copy=None if ceiling is None else achieved / ceiling)
+                fraction_of_copy=None if ceiling is None else achieved / ceiling,
+                config=None if choice is None else choice.config,
+                config_source=None if choice is None else choice.source,
+                default_config=None if choice is None else choice.default,
+                default_ms=None if choice is None else choice.timings_ms.get(choice.default),
+                candidates_ms=None if choice is None else choice.timings_ms)
+
+
+def _config_text(row: dict[str, Any]) -> str:
+    """``ROWS_PER_PROGRAM=2,BLOCK_N=4096,num_warps=8 (tuned)``; ``–`` when the launcher did not report."""
+    if row["config"] is None:
+        return "–"
+    return f"{_autotune.config_name(row['config'])} ({row['config_source']})"
 
 
 def run(size: str, out_dir: Path) -> list[dict[str, Any]]:
@@ -145,20 +164,25 @@ def run(size: str, out_dir: Path) -> list[dict[str, Any]]:
         row = measure(case, device, ceiling)
         rows.append(row)
         print(f"{case.name:<18} {row['kernel_ms']:8.4f} ms  {row['achieved_tbs']:6.2f} TB/s  "
-              f"rel_err {row['rel_err']:.2e}", flush=True)
+              f"rel_err {row['rel_err']:.2e}  {_config_text(row)}", flush=True)
     meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
                 torch=torch.__version__, size=size, copy_tbs=ceiling, commit=os.environ.get("KOPT_COMMIT"))
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"kernels-{size}"
     stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    if _autotune.TUNER.path.exists():
+        shutil.copyfile(_autotune.TUNER.path, out_dir / f"autotune-{size}.json")
     lines = [f"# Kernels ({size}) on {meta['device']}, copy ceiling {ceiling} TB/s", "",
-             "| kernel | shape | MB | kernel ms | eager ms | torch.compile ms | TB/s | of copy | rel err |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| kernel | shape | MB | kernel ms | eager ms | torch.compile ms | TB/s | of copy | rel err "
+             "| config | default ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         fraction = "–" if r["fraction_of_copy"] is None else f"{100 * r['fraction_of_copy']:.0f}%"
         compiled = "–" if r["compiled_ms"] is None else f"{r['compiled_ms']:.4f}"
+        default = "–" if r["default_ms"] is None else f"{r['default_ms']:.4f}"
         lines.append(f"| {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['kernel_ms']:.4f} | "
-                     f"{r['eager_ms']:.4f} | {compiled} | {r['achieved_tbs']:.2f} | {fraction} | {r['rel_err']:.2e} |")
+                     f"{r['eager_ms']:.4f} | {compiled} | {r['achieved_tbs']:.2f} | {fraction} | {r['rel_err']:.2e} "
+                     f"| {_config_text(r)} | {default} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows

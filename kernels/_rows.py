@@ -1,25 +1,50 @@
-"""Helpers shared by the row-wise kernels (one program normalizes one row of N values): launch
-configuration and argument checks on the host, norm and modulation on the device."""
+"""Helpers shared by the row-wise kernels (a program normalizes ROWS_PER_PROGRAM rows of N values,
+held as a [ROWS_PER_PROGRAM, BLOCK_N] tile): candidate launch configurations and argument checks on
+the host, norm and modulation on the device."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from kopt.kernels._autotune import Config
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CONFIGS: dict[tuple[int, torch.dtype], tuple[int, int]] = {}
+_WARPS = (2, 4, 8, 16)
+_ROWS = (1, 2, 4, 8, 16, 32)
 
 
-def row_config(n: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) for a row of ``n`` elements: the whole row in one block, more warps for
-    wider rows so each thread holds at most ~16 values; cached per (n, dtype)."""
-    key = (n, dtype)
-    if key not in _CONFIGS:
-        block_n = triton.next_power_of_2(n)
-        num_warps = 4 if n <= 2048 else 8 if n <= 8192 else 16
-        _CONFIGS[key] = (block_n, num_warps)
-    return _CONFIGS[key]
+def default_row_warps(n: int) -> int:
+    """The heuristic num_warps for one row per program: each thread holds at most ~16 values."""
+    return 4 if n <= 2048 else 8 if n <= 8192 else 16
+
+
+def row_candidates(n: int, rows: int) -> list[Config]:
+    """Candidate configs for rows of ``n`` elements and ``rows`` rows (a power-of-two bucket).
+
+    First the heuristic default (one row per program, ``default_row_warps``), then every
+    (ROWS_PER_PROGRAM, num_warps) with 4..32 float32 values of the tile per thread and no more rows
+    per program than there are rows. BLOCK_N is the whole row rounded up to a power of two."""
+    return [dict(c) for c in _row_candidates(n, triton.next_power_of_2(max(rows, 1)))]
+
+
+@functools.cache
+def _row_candidates(n: int, rows: int) -> tuple[Config, ...]:
+    block_n = triton.next_power_of_2(n)
+    default = {"ROWS_PER_PROGRAM": 1, "BLOCK_N": block_n, "num_warps": default_row_warps(n)}
+    out = [default]
+    for r in _ROWS:
+        if r > max(rows, 1):
+            break
+        for w in _WARPS:
+            per_thread = r * block_n // (32 * w)
+            config = {"ROWS_PER_PROGRAM": r, "BLOCK_N": block_n, "num_warps": w}
+            if 4 <= per_thread <= 32 and config not in out:
+                out.append(config)
+    return tuple(out)
 
 
 def modulation_rows(t: torch.Tensor, name: str, op: str, b: int, n: int) -> torch.Tensor:
@@ -36,17 +61,49 @@ def modulation_rows(t: torch.Tensor, name: str, op: str, b: int, n: int) -> torc
 
 # ---------------------------------------------------------------- device helpers shared by the kernels
 @triton.jit
-def layer_norm_row(x, mask, N, eps):
-    """LayerNorm (no affine) of one float32 row held in registers; masked lanes stay zero."""
-    mean = tl.sum(x, axis=0) / N
-    diff = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(diff * diff, axis=0) / N
-    return diff * tl.rsqrt(var + eps)
+def row_tile(S, N, n_rows, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, ONE_BATCH: tl.constexpr):
+    """This program's tile of the flattened (B*S, N) rows: element offsets [R, BLOCK_N], the tile mask,
+    the column indices, and the batch index with the mask for the (B, N) modulation vectors.
+
+    ONE_BATCH (all rows of a program in one batch: B == 1 or S % ROWS_PER_PROGRAM == 0): the batch
+    is a scalar and a modulation vector is loaded once as [1, BLOCK_N] and broadcast over the rows;
+    otherwise it is gathered per row as [R, BLOCK_N] (batch has shape [R, 1])."""
+    first = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM
+    rows = first + tl.arange(0, ROWS_PER_PROGRAM)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * N + cols[None, :]
+    if ONE_BATCH:
+        batch = first // S
+        mod_mask = col_mask[None, :]
+    else:
+        batch = (rows // S)[:, None]
+        mod_mask = mask
+    return offsets, mask, cols, batch, mod_mask
 
 
 @triton.jit
-def modulate_row(normed, scale_row_ptr, shift_row_ptr, cols, mask):
-    """``normed * (1 + scale) + shift`` with this row's (B, N) modulation vectors, in float32."""
-    scale = tl.load(scale_row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    shift = tl.load(shift_row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+def load_modulation(ptr, stride_b, batch, cols, mod_mask):
+    """This tile's rows of a (B, N) modulation tensor in float32 ([1, BLOCK_N] or [R, BLOCK_N])."""
+    return tl.load(ptr + batch * stride_b + cols[None, :], mask=mod_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def layer_norm_rows(x, mask, N, eps):
+    """LayerNorm (no affine) of each row of a float32 [R, BLOCK_N] tile; masked lanes stay zero."""
+    mean = tl.sum(x, axis=1) / N
+    diff = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(diff * diff, axis=1) / N
+    return diff * tl.rsqrt(var + eps)[:, None]
+
+
+@triton.jit
+def modulate_rows(normed, scale, shift):
+    """``normed * (1 + scale) + shift`` in float32 (scale/shift broadcast over the tile's rows)."""
     return normed * (1.0 + scale) + shift
+
+
+def one_batch(b: int, s: int, config: Config) -> bool:
+    """Whether every program's rows lie in one batch, so modulation vectors load once per program."""
+    return b == 1 or s % config["ROWS_PER_PROGRAM"] == 0

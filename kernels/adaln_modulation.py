@@ -20,15 +20,26 @@ For bf16 x and bf16 modulation: ``4*B*S*N + 4*B*N`` bytes; at the production sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
-from kopt.kernels._rows import DTYPES, layer_norm_row, modulate_row, modulation_rows, row_config
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._rows import (
+    DTYPES,
+    layer_norm_rows,
+    load_modulation,
+    modulate_rows,
+    modulation_rows,
+    one_batch,
+    row_candidates,
+    row_tile,
+)
 
-__all__ = ["adaln_modulation", "launch", "reference"]
-
-
+__all__ = ["adaln_modulation", "candidates", "launch", "reference"]
 
 # ----------------------------------------------------------------------------------------------- spec
 def reference(
@@ -61,6 +72,7 @@ def _adaln_modulation_kernel(
     shift_ptr,
     weight_ptr,
     out_ptr,
+    n_rows,
     S,
     N,
     stride_scale_b,
@@ -68,30 +80,32 @@ def _adaln_modulation_kernel(
     eps,
     IS_RMS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    ONE_BATCH: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # One program per row of the flattened (B*S, N) input.
-    row = tl.program_id(0)
-    batch = row // S
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    row_off = row.to(tl.int64) * N
-
-    x = tl.load(x_ptr + row_off + cols, mask=mask, other=0.0).to(tl.float32)
+    # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) input; per-row reductions on axis 1.
+    offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if IS_RMS:
-        mean_sq = tl.sum(x * x, axis=0) / N
-        normed = x * tl.rsqrt(mean_sq + eps)
+        mean_sq = tl.sum(x * x, axis=1) / N
+        normed = x * tl.rsqrt(mean_sq + eps)[:, None]
         if HAS_WEIGHT:
-            w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            normed = normed * w
+            w = tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+            normed = normed * w[None, :]
     else:
-        normed = layer_norm_row(x, mask, N, eps)
+        normed = layer_norm_rows(x, mask, N, eps)
 
-    y = modulate_row(normed, scale_ptr + batch * stride_scale_b, shift_ptr + batch * stride_shift_b, cols, mask)
-    tl.store(out_ptr + row_off + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
+    shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
+    y = modulate_rows(normed, scale, shift)
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------- launcher
+def candidates(n: int, rows: int) -> list[Config]:
+    """Candidate launch configs for rows of ``n`` and ``rows`` rows (bucketed); the first is the default."""
+    return row_candidates(n, rows)
 
 
 def launch(
@@ -102,8 +116,12 @@ def launch(
     eps: float = 1e-6,
     rms: bool = False,
     out: torch.Tensor | None = None,
+    *,
+    config: Config | None = None,
 ) -> torch.Tensor:
-    """Run the Triton kernel; returns ``out`` (allocated contiguous when not given)."""
+    """Run the Triton kernel; returns ``out`` (allocated contiguous when not given).
+
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if x.dim() != 3:
         raise ValueError(f"adaln_modulation: x must be (B, S, N), got shape {tuple(x.shape)}")
     if x.dtype not in DTYPES:
@@ -130,23 +148,37 @@ def launch(
         )
     if x.numel() == 0:
         return out
-    block_n, num_warps = row_config(n, x.dtype)
-    _adaln_modulation_kernel[(b * s,)](
-        x,
-        scale,
-        shift,
-        weight if weight is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
-        out,
-        s,
-        n,
-        scale.stride(0),
-        shift.stride(0),
-        float(eps),
-        IS_RMS=bool(rms),
-        HAS_WEIGHT=weight is not None,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    n_rows = b * s
+
+    def run(cfg: Config, dst: torch.Tensor) -> None:
+        grid = (triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)
+        _adaln_modulation_kernel[grid](
+            x,
+            scale,
+            shift,
+            weight if weight is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
+            dst,
+            n_rows,
+            s,
+            n,
+            scale.stride(0),
+            shift.stride(0),
+            float(eps),
+            IS_RMS=bool(rms),
+            HAS_WEIGHT=weight is not None,
+            ONE_BATCH=one_batch(b, s, cfg),
+            **cfg,
+        )
+
+    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
+        scratch = torch.empty_like(out)
+        return lambda cfg: run(cfg, scratch)
+
+    if config is None:
+        rows = pow2_bucket(n_rows)
+        key = shape_key(n=n, rows=rows, dtype=x.dtype, rms=rms, weight=weight is not None)
+        config = _autotune.choose("adaln_modulation", key, candidates(n, rows), on_scratch, x.device)
+    run(config, out)
     return out
 
 

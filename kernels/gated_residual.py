@@ -20,15 +20,26 @@ work reads/writes r_new twice more (the add's write, the norm's read) plus the m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
-from kopt.kernels._rows import DTYPES, layer_norm_row, modulate_row, modulation_rows, row_config
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._rows import (
+    DTYPES,
+    layer_norm_rows,
+    load_modulation,
+    modulate_rows,
+    modulation_rows,
+    one_batch,
+    row_candidates,
+    row_tile,
+)
 
-__all__ = ["gated_residual", "launch", "reference"]
-
-
+__all__ = ["candidates", "gated_residual", "launch", "reference"]
 
 # ----------------------------------------------------------------------------------------------- spec
 def reference(
@@ -60,34 +71,37 @@ def _gated_residual_kernel(
     shift_ptr,
     r_out_ptr,
     m_out_ptr,
+    n_rows,
     S,
     N,
     stride_gate_b,
     stride_scale_b,
     stride_shift_b,
     eps,
+    ONE_BATCH: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # One program per row of the flattened (B*S, N) inputs.
-    row = tl.program_id(0)
-    batch = row // S
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    row_off = row.to(tl.int64) * N
-
-    r = tl.load(r_ptr + row_off + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row_off + cols, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(gate_ptr + batch * stride_gate_b + cols, mask=mask, other=0.0).to(tl.float32)
+    # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) inputs; per-row reductions on axis 1.
+    offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
+    r = tl.load(r_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    g = load_modulation(gate_ptr, stride_gate_b, batch, cols, mod_mask)
     r_new = (r + g * y).to(r_out_ptr.dtype.element_ty)
-    tl.store(r_out_ptr + row_off + cols, r_new, mask=mask)
+    tl.store(r_out_ptr + offsets, r_new, mask=mask)
 
     # Normalize the rounded residual (what eager's next norm reads).
-    normed = layer_norm_row(r_new.to(tl.float32), mask, N, eps)
-    m = modulate_row(normed, scale_ptr + batch * stride_scale_b, shift_ptr + batch * stride_shift_b, cols, mask)
-    tl.store(m_out_ptr + row_off + cols, m.to(m_out_ptr.dtype.element_ty), mask=mask)
+    normed = layer_norm_rows(r_new.to(tl.float32), mask, N, eps)
+    scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
+    shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
+    m = modulate_rows(normed, scale, shift)
+    tl.store(m_out_ptr + offsets, m.to(m_out_ptr.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------- launcher
+def candidates(n: int, rows: int) -> list[Config]:
+    """Candidate launch configs for rows of ``n`` and ``rows`` rows (bucketed); the first is the default."""
+    return row_candidates(n, rows)
 
 
 def _check_out(t: torch.Tensor | None, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -109,8 +123,12 @@ def launch(
     shift: torch.Tensor,
     eps: float = 1e-6,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    config: Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous)."""
+    """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous).
+
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if r.dim() != 3:
         raise ValueError(f"gated_residual: r must be (B, S, N), got shape {tuple(r.shape)}")
     if r.dtype not in DTYPES:
@@ -130,24 +148,38 @@ def launch(
     m_out = _check_out(out[1] if out is not None else None, "out[1]", r)
     if r.numel() == 0:
         return r_out, m_out
-    block_n, num_warps = row_config(n, r.dtype)
-    _gated_residual_kernel[(b * s,)](
-        r,
-        y,
-        gate,
-        scale,
-        shift,
-        r_out,
-        m_out,
-        s,
-        n,
-        gate.stride(0),
-        scale.stride(0),
-        shift.stride(0),
-        float(eps),
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    n_rows = b * s
+
+    def run(cfg: Config, dst_r: torch.Tensor, dst_m: torch.Tensor) -> None:
+        grid = (triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)
+        _gated_residual_kernel[grid](
+            r,
+            y,
+            gate,
+            scale,
+            shift,
+            dst_r,
+            dst_m,
+            n_rows,
+            s,
+            n,
+            gate.stride(0),
+            scale.stride(0),
+            shift.stride(0),
+            float(eps),
+            ONE_BATCH=one_batch(b, s, cfg),
+            **cfg,
+        )
+
+    def on_scratch() -> Callable[[Config], None]:  # tuning writes here: out may alias r (in-place residual)
+        scratch_r, scratch_m = torch.empty_like(r_out), torch.empty_like(m_out)
+        return lambda cfg: run(cfg, scratch_r, scratch_m)
+
+    if config is None:
+        rows = pow2_bucket(n_rows)
+        key = shape_key(n=n, rows=rows, dtype=r.dtype)
+        config = _autotune.choose("gated_residual", key, candidates(n, rows), on_scratch, r.device)
+    run(config, r_out, m_out)
     return r_out, m_out
 
 

@@ -11,12 +11,16 @@ E.g. a bf16 (1, 4096, 12288) activation: 2 * 50.3M * 2 B = 201 MB.
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["gelu_tanh", "launch", "reference"]
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+
+__all__ = ["candidates", "gelu_tanh", "launch", "reference"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -43,17 +47,40 @@ def _gelu_tanh_kernel(x_ptr, out_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr):
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@functools.cache
-def _config(size_class: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK, num_warps) per size class (log2 of N, capped) and dtype; cached."""
-    if size_class < 16:  # < 64K elements: small blocks so that several SMs work
-        return 1024, 4
+_WARPS = (2, 4, 8, 16)
+_BLOCKS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def default_config(size: int, dtype: torch.dtype) -> Config:
+    """The heuristic (BLOCK, num_warps) for ``size`` elements (a power-of-two bucket)."""
+    if size < (1 << 16):  # < 64K elements: small blocks so that several SMs work
+        return {"BLOCK": 1024, "num_warps": 4}
     # 16 B per thread per access: 8 elements of bf16/fp16, 4 of fp32
-    return (4096, 8) if dtype != torch.float32 else (2048, 8)
+    return {"BLOCK": 4096, "num_warps": 8} if dtype != torch.float32 else {"BLOCK": 2048, "num_warps": 8}
 
 
-def launch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the Triton kernel on a contiguous x; returns y (x's shape and dtype), into ``out`` if given."""
+@functools.cache
+def _candidates(size: int, dtype: torch.dtype) -> tuple[Config, ...]:
+    out = [default_config(size, dtype)]
+    for block in _BLOCKS:
+        if block > max(size, 1024):
+            break
+        for w in _WARPS:
+            config = {"BLOCK": block, "num_warps": w}
+            if 4 <= block // (32 * w) <= 32 and config not in out:
+                out.append(config)
+    return tuple(out)
+
+
+def candidates(size: int, dtype: torch.dtype) -> list[Config]:
+    """Candidate configs for ``size`` elements (bucketed to a power of two): the heuristic default
+    first, then every (BLOCK, num_warps) with 4..32 elements per thread and BLOCK <= max(size, 1024)."""
+    return [dict(c) for c in _candidates(pow2_bucket(size), dtype)]
+
+
+def launch(x: torch.Tensor, out: torch.Tensor | None = None, *, config: Config | None = None) -> torch.Tensor:
+    """Run the Triton kernel on a contiguous x; returns y (x's shape and dtype), into ``out`` if given.
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if x.dtype not in _DTYPES:
         raise ValueError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
     if not x.is_contiguous():
@@ -65,8 +92,19 @@ def launch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return out
-    block, num_warps = _config(min(n.bit_length(), 24), x.dtype)
-    _gelu_tanh_kernel[(triton.cdiv(n, block),)](x, out, n, K=_SQRT_2_OVER_PI, BLOCK=block, num_warps=num_warps)
+
+    def run(cfg: Config, dst: torch.Tensor) -> None:
+        _gelu_tanh_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](x, dst, n, K=_SQRT_2_OVER_PI, **cfg)
+
+    def on_scratch() -> Callable[[Config], None]:  # tuning writes here: out may be x (in place)
+        scratch = torch.empty_like(out)
+        return lambda cfg: run(cfg, scratch)
+
+    if config is None:
+        size = pow2_bucket(n)
+        key = shape_key(size=size, dtype=x.dtype)
+        config = _autotune.choose("gelu_tanh", key, candidates(size, x.dtype), on_scratch, x.device)
+    run(config, out)
     return out
 
 

@@ -29,12 +29,16 @@ rotate, cast) and Inductor cannot fuse the complex multiply.
 """
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["cos_sin_from_complex", "launch", "qk_norm_rope", "reference"]
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+
+__all__ = ["candidates", "cos_sin_from_complex", "launch", "qk_norm_rope", "reference"]
 
 _MODES = ("complex", "real")
 
@@ -96,13 +100,13 @@ def _qk_norm_rope_kernel(
     eps,
     IS_COMPLEX: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
-    # One program: BLOCK_R rows (token, head) x D columns. x and out move as contiguous row tiles
-    # (vectorised loads/stores); pairs are split in registers: (BLOCK_R, D) -> (BLOCK_R, D/2, 2).
+    # One program: ROWS_PER_PROGRAM rows (token, head) x D columns. x and out move as contiguous row
+    # tiles (vectorised loads/stores); pairs are split in registers: (R, D) -> (R, D/2, 2).
     pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = pid * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     row_mask = rows < n_rows
     h = rows % H
     s = (rows // H) % S
@@ -122,7 +126,7 @@ def _qk_norm_rope_kernel(
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         x = x * w[None, :]
-    xe, xo = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_HALF, 2]))
+    xe, xo = tl.split(tl.reshape(x, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
 
     if IS_COMPLEX:  # tables (S, D/2), any strides (e.g. the .real / .imag views): one (cos, sin) per pair
         c = tl.load(cos_ptr + s[:, None] * stride_cs + j[None, :] * stride_cd, mask=pair_mask, other=0.0)
@@ -134,12 +138,12 @@ def _qk_norm_rope_kernel(
     else:  # tables (S, D): one (cos, sin) per element
         c = tl.load(cos_ptr + s[:, None] * stride_cs + cols[None, :] * stride_cd, mask=mask, other=0.0)
         sn = tl.load(sin_ptr + s[:, None] * stride_ss + cols[None, :] * stride_sd, mask=mask, other=0.0)
-        ce, co = tl.split(tl.reshape(c.to(tl.float32), [BLOCK_R, BLOCK_HALF, 2]))
-        se, so = tl.split(tl.reshape(sn.to(tl.float32), [BLOCK_R, BLOCK_HALF, 2]))
+        ce, co = tl.split(tl.reshape(c.to(tl.float32), [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
+        se, so = tl.split(tl.reshape(sn.to(tl.float32), [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
         oe = xe * ce - xo * se
         oo = xo * co + xe * so
 
-    out = tl.reshape(tl.join(oe, oo), [BLOCK_R, 2 * BLOCK_HALF])  # re-interleave the pairs
+    out = tl.reshape(tl.join(oe, oo), [ROWS_PER_PROGRAM, 2 * BLOCK_HALF])  # re-interleave the pairs
     o_ptrs = out_ptr + rows[:, None] * D + cols[None, :]  # out is contiguous (B, S, H, D)
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -148,16 +152,40 @@ def _qk_norm_rope_kernel(
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@functools.cache
-def _config(half: int, many_rows: bool, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_HALF, num_warps) for a head size and shape class; cached."""
+_WARPS = (2, 4, 8, 16)
+_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def default_config(half: int, rows: int) -> Config:
+    """The heuristic config: ~4096 elements per program for a row bucket of >= 8192, ~1024 otherwise."""
     block_half = triton.next_power_of_2(half)
-    # ~4096 elements (2 * BLOCK_R * BLOCK_HALF) per program when there are many rows, ~1024 otherwise.
-    target = 2048 if many_rows else 512
-    block_r = max(1, min(64, target // block_half))
-    elems = 2 * block_r * block_half
+    target = 2048 if rows >= 8192 else 512
+    rows_per_program = max(1, min(64, target // block_half))
+    elems = 2 * rows_per_program * block_half
     num_warps = 8 if elems >= 8192 else 4 if elems >= 2048 else 2
-    return block_r, block_half, num_warps
+    return {"ROWS_PER_PROGRAM": rows_per_program, "BLOCK_HALF": block_half, "num_warps": num_warps}
+
+
+@functools.cache
+def _candidates(half: int, rows: int) -> tuple[Config, ...]:
+    block_half = triton.next_power_of_2(half)
+    out = [default_config(half, rows)]
+    for r in _ROWS:
+        if r > max(rows, 1):
+            break
+        for w in _WARPS:
+            per_thread = 2 * r * block_half // (32 * w)
+            config = {"ROWS_PER_PROGRAM": r, "BLOCK_HALF": block_half, "num_warps": w}
+            if 4 <= per_thread <= 32 and config not in out:
+                out.append(config)
+    return tuple(out)
+
+
+def candidates(half: int, rows: int) -> list[Config]:
+    """Candidate configs for head dim ``2*half`` and ``rows`` = B*S*H rows (a power-of-two bucket):
+    the heuristic default first, then every (ROWS_PER_PROGRAM, num_warps) with 4..32 float32 values of
+    the [ROWS_PER_PROGRAM, D] tile per thread and no more rows per program than there are rows."""
+    return [dict(c) for c in _candidates(half, pow2_bucket(rows))]
 
 
 def _check_table(t: torch.Tensor, name: str, S: int, width: int, device: torch.device) -> None:
@@ -177,10 +205,13 @@ def launch(
     eps: float,
     mode: str,
     out: torch.Tensor | None = None,
+    *,
+    config: Config | None = None,
 ) -> torch.Tensor:
     """Run the Triton kernel. x (B, S, H, D) with unit stride on D (other strides free);
     cos/sin float32 (S, D/2) for mode="complex" or (S, D) for mode="real", any strides.
-    Returns a contiguous (B, S, H, D) tensor of x.dtype (written into ``out`` when given)."""
+    Returns a contiguous (B, S, H, D) tensor of x.dtype (written into ``out`` when given).
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if x.dim() != 4:
@@ -212,32 +243,41 @@ def launch(
     n_rows = B * S * H
     if n_rows == 0:
         return out
-    block_r, block_half, num_warps = _config(half, n_rows >= 8192, x.dtype)
-    grid = (triton.cdiv(n_rows, block_r),)
-    _qk_norm_rope_kernel[grid](
-        x,
-        weight if weight is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
-        cos,
-        sin,
-        out,
-        n_rows,
-        S,
-        H,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        cos.stride(0),
-        cos.stride(1),
-        sin.stride(0),
-        sin.stride(1),
-        half,
-        float(eps),
-        IS_COMPLEX=mode == "complex",
-        HAS_WEIGHT=weight is not None,
-        BLOCK_R=block_r,
-        BLOCK_HALF=block_half,
-        num_warps=num_warps,
-    )
+
+    def run(cfg: Config, dst: torch.Tensor) -> None:
+        grid = (triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)
+        _qk_norm_rope_kernel[grid](
+            x,
+            weight if weight is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
+            cos,
+            sin,
+            dst,
+            n_rows,
+            S,
+            H,
+            x.stride(0),
+            x.stride(1),
+            x.stride(2),
+            cos.stride(0),
+            cos.stride(1),
+            sin.stride(0),
+            sin.stride(1),
+            half,
+            float(eps),
+            IS_COMPLEX=mode == "complex",
+            HAS_WEIGHT=weight is not None,
+            **cfg,
+        )
+
+    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
+        scratch = torch.empty_like(out)
+        return lambda cfg: run(cfg, scratch)
+
+    if config is None:
+        rows = pow2_bucket(n_rows)
+        key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weight is not None)
+        config = _autotune.choose("qk_norm_rope", key, candidates(half, rows), on_scratch, x.device)
+    run(config, out)
     return out
 
 

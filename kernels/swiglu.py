@@ -11,12 +11,16 @@ FLUX.2 feed-forward, bf16 h (1, 4096, 2*18432): 3 * 18432 * 4096 * 2 B = 453 MB.
 """
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["launch", "reference", "swiglu"]
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+
+__all__ = ["candidates", "launch", "reference", "swiglu"]
 
 
 # ----------------------------------------------------------------------------- reference (spec)
@@ -45,18 +49,42 @@ def _swiglu_kernel(h_ptr, out_ptr, F, stride_hm, BLOCK: tl.constexpr):
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@functools.cache
-def _config(f_class: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK, num_warps) per class of F (log2, capped) and dtype; cached."""
+_WARPS = (2, 4, 8, 16)
+_BLOCKS = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def default_config(f: int, dtype: torch.dtype) -> Config:
+    """The heuristic (BLOCK, num_warps) for half-width ``f``: the row half up to 2048 (1024 for fp32)."""
+    f_class = min((f - 1).bit_length(), 16)
     block = min(triton.next_power_of_2(1 << f_class), 2048 if dtype != torch.float32 else 1024)
     block = max(block, 128)
     num_warps = 8 if block >= 2048 else 4 if block >= 512 else 2
-    return block, num_warps
+    return {"BLOCK": block, "num_warps": num_warps}
 
 
-def launch(h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+@functools.cache
+def _candidates(f: int, dtype: torch.dtype) -> tuple[Config, ...]:
+    out = [default_config(f, dtype)]
+    for block in _BLOCKS:
+        if block > max(triton.next_power_of_2(f), 128):
+            break
+        for w in _WARPS:
+            config = {"BLOCK": block, "num_warps": w}
+            if 2 <= block // (32 * w) <= 32 and config not in out:
+                out.append(config)
+    return tuple(out)
+
+
+def candidates(f: int, dtype: torch.dtype) -> list[Config]:
+    """Candidate configs for half-width ``f``: the heuristic default first, then every (BLOCK, num_warps)
+    with 2..32 elements per thread and BLOCK no wider than F rounded up (at least 128)."""
+    return [dict(c) for c in _candidates(f, dtype)]
+
+
+def launch(h: torch.Tensor, out: torch.Tensor | None = None, *, config: Config | None = None) -> torch.Tensor:
     """Run the Triton kernel. h (..., 2F) with unit stride on the last dim and leading dims that
-    flatten to one row stride; returns a contiguous (..., F) tensor (into ``out`` if given)."""
+    flatten to one row stride; returns a contiguous (..., F) tensor (into ``out`` if given).
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if h.dtype not in _DTYPES:
         raise ValueError(f"h dtype must be one of {_DTYPES}, got {h.dtype}")
     if h.dim() == 0 or h.shape[-1] % 2:
@@ -73,9 +101,19 @@ def launch(h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return out
     h2 = h.reshape(-1, 2 * f)  # a view for contiguous leading dims (copies otherwise)
     m = h2.shape[0]
-    block, num_warps = _config(min((f - 1).bit_length(), 16), h.dtype)
-    grid = (m, triton.cdiv(f, block))
-    _swiglu_kernel[grid](h2, out, f, h2.stride(0), BLOCK=block, num_warps=num_warps)
+
+    def run(cfg: Config, dst: torch.Tensor) -> None:
+        _swiglu_kernel[(m, triton.cdiv(f, cfg["BLOCK"]))](h2, dst, f, h2.stride(0), **cfg)
+
+    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
+        scratch = torch.empty_like(out)
+        return lambda cfg: run(cfg, scratch)
+
+    if config is None:
+        rows = pow2_bucket(m)
+        key = shape_key(f=f, rows=rows, dtype=h.dtype)
+        config = _autotune.choose("swiglu", key, candidates(f, h.dtype), on_scratch, h.device)
+    run(config, out)
     return out
 
 

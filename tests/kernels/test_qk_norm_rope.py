@@ -148,13 +148,13 @@ def test_launch_validates_inputs():
         mod.launch(x, weight, cos, sin, EPS, "complex", out=torch.empty(1, 5, 2, 32, dtype=torch.bfloat16))
 
 
-def test_config_cached_per_shape_class():
-    mod._config.cache_clear()
-    a = mod._config(64, False, torch.bfloat16)
-    assert mod._config(64, False, torch.bfloat16) is a
-    assert mod._config.cache_info().hits == 1
-    block_r, block_half, _ = mod._config(64, True, torch.bfloat16)
-    assert block_half == 64 and block_r * block_half >= 1024
+def test_candidates_start_with_the_heuristic_default():
+    many = mod.candidates(64, 1 << 17)
+    assert many[0] == mod.default_config(64, 1 << 17)
+    assert many[0]["BLOCK_HALF"] == 64 and many[0]["ROWS_PER_PROGRAM"] * 64 >= 1024
+    assert len({tuple(sorted(c.items())) for c in many}) == len(many) > 4
+    few = mod.candidates(64, 3)  # no more rows per program than the bucket of rows (4), except the default
+    assert all(c["ROWS_PER_PROGRAM"] <= 4 for c in few[1:])
 
 
 @pytest.mark.parametrize("mode", ["complex", "real"])
