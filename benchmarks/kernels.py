@@ -37,7 +37,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
 
-from kopt.kernels import _autotune, adaln_modulation, gated_residual, gelu_tanh, qk_norm_rope, swiglu  # noqa: E402
+from kopt.kernels import (  # noqa: E402
+    _autotune,
+    adaln_modulation,
+    gated_residual,
+    gelu_tanh,
+    joint_qk_norm_rope,
+    qk_norm_rope,
+    swiglu,
+)
 
 
 @dataclasses.dataclass
@@ -78,6 +86,22 @@ def cases(size: str, device: torch.device) -> list[Case]:
         angles = torch.rand(seq, head_dim // 2, device=device) * 6.28
         return randn(1, seq, heads, head_dim), randn(head_dim), angles.cos(), angles.sin(), 1e-6, "complex"
 
+    def rope_real_inputs() -> tuple[Any, ...]:  # FLUX.2 single-stream Q: 48 heads, 4096 + 512 tokens, (S, D) tables
+        s = tokens + (512 if full else 3)
+        angles = torch.rand(s, head_dim, device=device) * 6.28
+        return randn(1, s, 2 * heads, head_dim), randn(head_dim), angles.cos(), angles.sin(), 1e-6, "real"
+
+    def joint_inputs() -> tuple[Any, ...]:  # Qwen-Image joint Q: text and image streams into one buffer
+        lengths = (256, tokens) if full else (3, tokens)
+        xs = [randn(1, s, heads, head_dim) for s in lengths]
+        angles = [torch.rand(s, head_dim // 2, device=device) * 6.28 for s in lengths]
+        return (xs, [randn(head_dim), randn(head_dim)], [a.cos() for a in angles], [a.sin() for a in angles],
+                [1e-6, 1e-6], "complex")
+
+    def _joint_bytes(args: tuple[Any, ...]) -> int:
+        xs, weights, cos, sin = args[:4]
+        return 2 * _bytes(*xs) + _bytes(*weights, *cos, *sin)
+
     def _out(args: tuple[Any, ...], out: Any) -> int:
         """Every tensor argument read once plus every output written once."""
         outputs = out if isinstance(out, tuple) else (out,)
@@ -90,6 +114,11 @@ def cases(size: str, device: torch.device) -> list[Case]:
              lambda a: _out(a, gated_residual.reference(*a)), gated_residual.launch, gated_residual.reference),
         Case("qk_norm_rope", f"q (1, {seq}, {heads}, {head_dim}) complex RoPE", rope_inputs,
              lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
+        Case("qk_norm_rope", f"q (1, {tokens + (512 if full else 3)}, {2 * heads}, {head_dim}) real RoPE",
+             rope_real_inputs, lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
+        Case("qk_norm_rope_joint", f"q text (1, {256 if full else 3}, {heads}, {head_dim}) + image "
+             f"(1, {tokens}, {heads}, {head_dim}) complex RoPE into one buffer", joint_inputs, _joint_bytes,
+             joint_qk_norm_rope.launch, joint_qk_norm_rope.reference),
         Case("gelu_tanh", f"x (1, {tokens}, {hidden})", lambda: (randn(1, tokens, hidden),),
              lambda a: 2 * _bytes(a[0]), gelu_tanh.launch, gelu_tanh.reference),
         Case("swiglu", f"h (1, {tokens}, {2 * ff})", lambda: (randn(1, tokens, 2 * ff),),
