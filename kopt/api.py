@@ -11,8 +11,9 @@ import torch
 
 from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
-from kopt.passes.pipeline import PassSpec
+from kopt.passes.pipeline import PassSpec, resolve, with_fp8
 from kopt.report import Report
 
 
@@ -31,8 +32,12 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  roles: Mapping[str, Role | str] | None = None,
                  on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
                  trace: str | Path | None = None, fuel: int | None = None,
-                 memo_entries: int = 2) -> KoptBackend:
+                 memo_entries: int = 2, fp8: Fp8Config | bool | None = None) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
+    if fp8:
+        if fp8 is not True and not isinstance(fp8, Fp8Config):
+            raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
+        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8)
     options = CompileOptions.from_environment(
         lower=_enum(Lowering, lower, "lower"),
         verify=verify,
@@ -100,7 +105,8 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             roles: Mapping[str, Role | str] | None = None,
             on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
-            fullgraph: bool = False, dynamic: bool | None = False) -> KoptModule:
+            fullgraph: bool = False, dynamic: bool | None = False,
+            fp8: Fp8Config | bool | None = None) -> KoptModule:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -119,11 +125,14 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
         fuel: apply only the first ``fuel`` rewrites (``KOPT_FUEL``), to bisect numerics.
         memo_entries: step-invariant results kept (one per distinct timestep/guidance value).
         fullgraph, dynamic: passed to ``torch.compile``; kopt rewrites static-shape graphs.
+        fp8: a :class:`kopt.fp8.Fp8Config` (or ``True`` for the defaults): linears with constant
+            weights become FP8 GEMMs, weights quantized once at compile time; ``verify=True``
+            checks the result against the config's quality gate.
 
     Returns:
         A :class:`KoptModule`; compilation happens at the first call.
     """
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, trace=trace, fuel=fuel,
-                           memo_entries=memo_entries)
+                           memo_entries=memo_entries, fp8=fp8)
     return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic)

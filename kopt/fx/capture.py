@@ -18,7 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kopt.config import Role
-from kopt.fx.roles import InputRole
+from kopt.fx.constants import constant_value
+from kopt.fx.roles import InputRole, module_path
 
 
 class CaptureUnsupported(Exception):
@@ -55,6 +56,15 @@ def _check_supported(example_inputs: list[object]) -> None:
             raise CaptureUnsupported(f"input {position} is a {type(value).__name__}, not a tensor")
 
 
+def _identity(tensor: object) -> tuple | None:
+    """Storage, offset, shape, stride, dtype: the same data whatever Tensor object wraps it (make_fx
+    stores its own handle on the constants it closes over)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+        return None
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+            tensor.dtype)
+
+
 def capture(dynamo_graph: torch.fx.GraphModule, example_inputs: list[object],
             roles: list[InputRole]) -> CapturedGraph:
     """Trace ``dynamo_graph`` to a functional ATen graph with constants frozen as ``get_attr``."""
@@ -82,9 +92,15 @@ def capture(dynamo_graph: torch.fx.GraphModule, example_inputs: list[object],
     for node, position in zip(placeholders, user_indices, strict=True):
         node.meta["kopt_role"] = roles[position].role
         node.meta["kopt_source"] = roles[position].source
+    sources = {_identity(example_inputs[r.index]): r.source for r in roles if r.role is Role.CONSTANT}
     for node in graph_module.graph.nodes:
         if node.op == "get_attr":
             node.meta["kopt_role"] = Role.CONSTANT
+            # the module path of a parameter (``blocks.0.attn.to_q.weight``), for options that
+            # select layers by name (fp8 include/skip); None for tensors traced as constants
+            path = module_path(sources.get(_identity(constant_value(node)), ""))
+            if path is not None:
+                node.meta["kopt_param"] = path
     return CapturedGraph(graph_module, roles, user_indices, constants)
 
 

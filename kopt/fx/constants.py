@@ -42,3 +42,38 @@ def add_constant(graph_module: torch.fx.GraphModule, stem: str, value: torch.Ten
         node = graph_module.graph.get_attr(name)
     node.meta["val"] = FakeTensorMode(allow_non_fake_inputs=True).from_tensor(value)
     return node
+
+
+def weight_of(gemm: torch.fx.Node) -> torch.fx.Node | None:
+    """The constant ``W`` of an ``mm(x, W.T)`` / ``addmm(b, x, W.T)`` node, or None."""
+    if gemm.target is aten.mm.default:
+        return transposed_constant(gemm.args[1])
+    if gemm.target is aten.addmm.default:
+        return transposed_constant(gemm.args[2])
+    return None
+
+
+def weight_paths(node: torch.fx.Node | None) -> tuple[str, ...]:
+    """The module paths of the parameters behind a constant (several for a merged weight);
+    empty when it has none (a tensor traced as a constant, or a value kopt computed)."""
+    if node is None:
+        return ()
+    if "kopt_params" in node.meta:
+        return tuple(node.meta["kopt_params"])
+    path = node.meta.get("kopt_param")
+    return (path,) if path else ()
+
+
+def drop_unused_constants(graph_module: torch.fx.GraphModule, prefix: str = "_kopt") -> int:
+    """Delete constants kopt attached (``_kopt*``) that no ``get_attr`` reads any more; bytes freed.
+
+    A rewrite that replaces a kopt-made constant (e.g. FP8 quantization of a merged weight) would
+    otherwise keep the old tensor alive for the life of the compiled graph."""
+    used = {node.target for node in graph_module.graph.nodes if node.op == "get_attr"}
+    freed = 0
+    for name, buffer in list(graph_module.named_buffers(recurse=False)):
+        if name.startswith(prefix) and name not in used:
+            freed += buffer.numel() * buffer.element_size()
+            delattr(graph_module, name)
+    return freed
+

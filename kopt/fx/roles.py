@@ -96,3 +96,25 @@ def classify_inputs(placeholders: list[torch.fx.Node], example_inputs: list[obje
         else:
             roles.append(InputRole(index, source, None, Role.PER_CALL, "unrecognised source: per-call"))
     return roles
+
+
+_SOURCE_PART = re.compile(r"\.__dict__\['_(?:modules|parameters|buffers)'\]\['([^']+)'\]|"
+                          r"\._(?:modules|parameters|buffers)\['([^']+)'\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def module_path(source: str) -> str | None:
+    """``transformer_blocks.0.attn.to_q.weight`` for dynamo's source of a parameter, e.g.
+    ``L['self'].__dict__['_modules']['transformer_blocks']._modules['0']...._parameters['weight']``
+    or ``L['self'].transformer_blocks[0].attn.to_q.weight``; None for sources not on the module."""
+    match = re.match(r"^L\['(?:self|fn)'\]", source)
+    if match is None:
+        return None
+    rest, parts = source[match.end():], []
+    while rest:
+        part = _SOURCE_PART.match(rest)
+        if part is None:
+            return None
+        parts.append(next(g for g in part.groups() if g is not None))
+        rest = rest[part.end():]
+    return ".".join(parts)
+

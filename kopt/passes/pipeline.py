@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kopt.fp8.config import Fp8Config
 from kopt.passes.base import Pass
 from kopt.passes.bias_absorption import BiasAbsorption
 from kopt.passes.redundancy import RedundancyElimination
@@ -30,6 +31,7 @@ def default_pipeline() -> list[Pass]:
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"`` yet: correct and tested, not yet measured to pay on a GPU.
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
+    from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
     from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
@@ -37,8 +39,28 @@ def opt_in_passes() -> list[Pass]:
     from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
 
     # in this order: fuse-gated-residual consumes fuse-adaln's ops; the joint attention input
-    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself)
-    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput()]
+    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself).
+    # fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...) instead.
+    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput(),
+            Fp8Linear()]
+
+
+def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
+    """``passes`` with an :class:`Fp8Linear` for ``config``: in place of an ``fp8-linear`` already
+    listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
+    ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``."""
+    from kopt.passes.fp8_linear import Fp8Linear
+
+    fp8 = Fp8Linear(config)
+    names = [p.name for p in passes]
+    if fp8.name in names:
+        return [fp8 if p.name == fp8.name else p for p in passes]
+    if "sibling-merge" in names:
+        at = names.index("sibling-merge") + 1
+    else:
+        later = [names.index(n) for n in ("bias-absorption", "staging") if n in names]
+        at = min(later) if later else len(passes)
+    return [*passes[:at], fp8, *passes[at:]]
 
 
 def available_passes() -> dict[str, Pass]:

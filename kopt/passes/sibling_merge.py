@@ -19,7 +19,7 @@ import operator
 
 import torch
 
-from kopt.fx.constants import add_constant, constant_value, transposed_constant
+from kopt.fx.constants import add_constant, constant_value, transposed_constant, weight_of, weight_paths
 from kopt.fx.graph_utils import replace, stamp
 from kopt.passes.base import Contract, Pass, PassContext
 
@@ -98,6 +98,9 @@ class SiblingProjectionMerge(Pass):
             bias = torch.cat([linear.bias if linear.bias is not None else zero
                               for linear, zero in zip(group, zeros, strict=True)]) if has_bias else None
         weight_node = add_constant(graph_module, "_kopt_merged_weight", weight, first)
+        # the merged weight answers to every sibling's parameter path (fp8 include/skip select by path)
+        weight_node.meta["kopt_params"] = tuple(
+            path for linear in group for path in weight_paths(weight_of(linear.node)))
         bias_node = add_constant(graph_module, "_kopt_merged_bias", bias, first) if bias is not None else None
         sizes = [linear.weight.shape[0] for linear in group]
         with graph.inserting_before(first):

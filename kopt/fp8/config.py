@@ -1,0 +1,82 @@
+"""What :func:`kopt.compile(model, fp8=...)` quantizes, how finely, and the quality it must keep."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import fnmatch
+
+
+class Granularity(enum.Enum):
+    """How many scales a tensor gets (weights: fixed at compile time; activations: every call)."""
+
+    TENSOR = "tensor"  # one scale per weight, one per activation tensor
+    ROW = "row"  # one per weight output channel, one per activation row (token): Hopper's rowwise GEMM
+    BLOCK_1X128 = "block-1x128"  # one per 1×128 activation tile / 128×128 weight tile (not implemented)
+    BLOCK_128X128 = "block-128x128"
+
+
+IMPLEMENTED = (Granularity.TENSOR, Granularity.ROW)
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityGate:
+    """Thresholds a quantized model must meet against its bf16 self, on the workload's inputs.
+
+    SQNR (dB) = 10·log10(‖ref‖² / ‖out − ref‖²) = −20·log10(relative error), so the three are
+    checked together: 0.999 cosine and 25 dB are what rowwise FP8 DiTs reach (the hand-written
+    baseline measured 0.9998 on Qwen-Image and 0.99994 on FLUX.2); a model that misses them needs
+    layers kept in bf16 (:func:`kopt.fp8.scan_sensitivity`).
+    """
+
+    min_cosine: float = 0.999
+    min_sqnr_db: float = 25.0
+
+    @property
+    def max_rel_err(self) -> float:
+        return 10 ** (-self.min_sqnr_db / 20)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Config:
+    """FP8 (``float8_e4m3fn``) linears with weights quantized once at compile time.
+
+    Attributes:
+        granularity: scale granularity (``"row"``: per output channel / per token, the default).
+        include: glob patterns on a linear's weight path (``transformer_blocks.*.attn.to_q.weight``);
+            only matching linears are quantized.
+        skip: glob patterns of weight paths kept in bf16 (checked after ``include``), e.g. the
+            output projection, or the layers :func:`kopt.fp8.scan_sensitivity` found most sensitive.
+        min_features: linears with fewer input or output features stay bf16 (quantizing a small
+            GEMM costs more than it saves).
+        gate: the quality the quantized model must keep (checked by ``verify=True``).
+    """
+
+    granularity: Granularity | str = Granularity.ROW
+    include: tuple[str, ...] = ("*",)
+    skip: tuple[str, ...] = ()
+    min_features: int = 1024
+    gate: QualityGate = QualityGate()
+
+    def __post_init__(self) -> None:
+        granularity = Granularity(self.granularity)
+        if granularity not in IMPLEMENTED:
+            raise NotImplementedError(
+                f"fp8 granularity {granularity.value!r} is not implemented yet; use one of "
+                f"{[g.value for g in IMPLEMENTED]}")
+        object.__setattr__(self, "granularity", granularity)
+        object.__setattr__(self, "include", tuple(self.include))
+        object.__setattr__(self, "skip", tuple(self.skip))
+        if self.min_features < 0:
+            raise ValueError(f"min_features must be >= 0, got {self.min_features}")
+
+    def selects(self, weight_path: str | None) -> str | None:
+        """None if the linear whose weight is at ``weight_path`` is quantized, else why not."""
+        if weight_path is None:
+            return "the weight is not a parameter of the model (no path to select it by)"
+        if not any(fnmatch.fnmatchcase(weight_path, p) for p in self.include):
+            return f"{weight_path} matches no include pattern {list(self.include)}"
+        for pattern in self.skip:
+            if fnmatch.fnmatchcase(weight_path, pattern):
+                return f"{weight_path} is skipped by {pattern!r}"
+        return None

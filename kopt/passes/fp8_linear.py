@@ -1,0 +1,131 @@
+"""FP8 linears: ``x @ W.T (+ b)`` with constant ``W`` becomes one FP8 GEMM, ``W`` quantized once.
+
+    y = addmm(b, x, W.T)
+  → y = _scaled_mm(quant(x), W8.T, scale_x, scale_W, bias=b, out_dtype=x.dtype)
+
+``W8`` and ``scale_W`` are computed here, at compile time, from the frozen weight (the same
+constant folding the staging pass does, done by this pass so that no pipeline order can leave a
+weight quantized per call); a merged sibling weight is quantized once as a whole, and the bf16
+copy sibling-merge made is dropped. The activation is quantized on every call, per row (token) or
+per tensor: those few elementwise ops and one row reduction are what Inductor fuses into the
+producer's kernel. The bias rides in the GEMM epilogue, so no standalone bias add remains.
+
+Valid because ``_scaled_mm`` computes ``(q_x * scale_x) @ (q_W * scale_W).T + b`` with float32
+accumulation, i.e. the linear on the quantized values; the loss is the quantization error itself,
+so the contract is ``quality``: the gate of :class:`kopt.fp8.Fp8Config` (cosine and SQNR against
+bf16, checked by ``verify=True`` and by :func:`kopt.fp8.measure`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kopt.fp8.config import Fp8Config, Granularity
+from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX, quantize
+from kopt.fx.constants import add_constant, constant_value, drop_unused_constants, weight_of, weight_paths
+from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.passes.base import Contract, Pass, PassContext
+
+aten = torch.ops.aten
+RULE = "fp8-linear"
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _activation(node: torch.fx.Node) -> torch.fx.Node:
+    return node.args[0] if node.target is aten.mm.default else node.args[1]
+
+
+def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
+    """The constant weight node of a linear ``config`` selects, the reason it is declined, or None
+    for GEMMs that are not linears at all (activation × activation products: not candidates)."""
+    weight = weight_of(node)
+    if weight is None:
+        return None
+    if node.target is aten.addmm.default:
+        if node.kwargs:
+            return "addmm with alpha/beta: not a plain linear"
+        bias = constant_value(node.args[0])
+        if bias is None or bias.dim() != 1:
+            return "the bias is not a 1-D constant"
+    paths = weight_paths(weight)
+    reasons = [config.selects(path) for path in paths] if paths else [config.selects(None)]
+    declined = [r for r in reasons if r]
+    if declined:
+        return declined[0] + (" (a merged sibling: all or none are quantized)" if len(paths) > 1 else "")
+    value = constant_value(weight)
+    x = meta_value(_activation(node))
+    if value.dim() != 2 or min(value.shape) < config.min_features:
+        return f"{tuple(value.shape)} weight is smaller than min_features={config.min_features}"
+    if x is None or x.dtype not in _FLOATS or value.dtype not in _FLOATS:
+        return "not a floating-point linear"
+    if value.shape[1] % 16 or value.shape[0] % 16:
+        return f"{tuple(value.shape)} weight: FP8 GEMMs need both dims divisible by 16"
+    return weight
+
+
+def _quantize_activation(graph: torch.fx.Graph, x: torch.fx.Node, granularity: Granularity
+                         ) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """Nodes for :func:`kopt.fp8.quantize.quantize` of a per-call activation (the same math)."""
+    call = graph.call_function
+    xf = call(aten._to_copy.default, (x,), {"dtype": torch.float32})
+    magnitude = call(aten.abs.default, (xf,))
+    if granularity is Granularity.ROW:
+        amax = call(aten.amax.default, (magnitude, [-1], True))
+    else:
+        amax = call(aten.amax.default, (magnitude, [0, 1]))
+    scale = call(aten.div.Tensor, (call(aten.clamp_min.default, (amax, MIN_AMAX)), FP8_MAX))
+    clamped = call(aten.clamp.default, (call(aten.div.Tensor, (xf, scale)), -FP8_MAX, FP8_MAX))
+    return call(aten._to_copy.default, (clamped,), {"dtype": FP8}), scale
+
+
+class Fp8Linear(Pass):
+    name = "fp8-linear"
+    why = "linears with constant weights run as FP8 GEMMs; weights and their scales quantized once at compile time"
+
+    def __init__(self, config: Fp8Config | None = None) -> None:
+        self.config = config or Fp8Config()
+
+    @property
+    def contract(self) -> Contract:  # type: ignore[override]
+        gate = self.config.gate
+        return Contract.quality(gate.min_cosine, gate.max_rel_err)
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        graph = graph_module.graph
+        granularity = Granularity(self.config.granularity)
+        weight_bytes = 0
+        for node in list(graph.nodes):
+            if node.target not in (aten.mm.default, aten.addmm.default):
+                continue
+            found = match(node, self.config)
+            if found is None:
+                continue
+            if isinstance(found, str):
+                ctx.decline(RULE, node, found)
+                continue
+            if not ctx.fire(RULE, node):
+                continue
+            with torch.no_grad():
+                q_weight, w_scale = quantize(constant_value(found), granularity)
+            if granularity is Granularity.ROW:
+                w_scale = w_scale.t().contiguous()  # (1, OUT): one scale per output column of the GEMM
+            q_node = add_constant(graph_module, "_kopt_fp8_weight", q_weight, node)
+            scale_node = add_constant(graph_module, "_kopt_fp8_scale", w_scale, node)
+            weight_bytes += q_weight.numel() + w_scale.numel() * 4
+            bias = node.args[0] if node.target is aten.addmm.default else None
+            out_dtype = meta_value(node).dtype
+            with graph.inserting_before(node):
+                q_x, x_scale = _quantize_activation(graph, _activation(node), granularity)
+                mat2 = graph.call_function(aten.t.default, (q_node,))
+                gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node),
+                                           {"bias": bias, "out_dtype": out_dtype})
+            for new in (q_x, x_scale, mat2):
+                stamp(new, pass_name=self.name, rule=RULE)
+            replace(node, gemm, pass_name=self.name, rule=RULE)
+            graph.erase_node(node)
+        graph.eliminate_dead_code()
+        freed = drop_unused_constants(graph_module)
+        if weight_bytes:
+            ctx.notes.append(f"FP8 weights and scales hold {weight_bytes / 2**20:.1f} MiB ({granularity.value} "
+                             f"scales), quantized at compile time"
+                             + (f"; dropped {freed / 2**20:.1f} MiB of merged bf16 weights" if freed else ""))

@@ -1,0 +1,204 @@
+"""FP8 path: config, the one quantization definition, the fp8-linear pass (its math equals the
+fake-quantized model, weights quantized at compile time, selection by path), the quality gate and
+the layer-sensitivity scan. Fresh random inputs; errors relative, in float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kopt
+from kopt.fp8 import (
+    Fp8Config,
+    Granularity,
+    QualityGate,
+    fake_quantize,
+    keep_in_bf16,
+    measure,
+    quantize,
+    scan_sensitivity,
+)
+from kopt.passes.fp8_linear import Fp8Linear
+from kopt.workloads import get_workload
+from tests.conftest import rel_err
+
+aten = torch.ops.aten
+TINY_GATE = QualityGate(min_cosine=0.99, min_sqnr_db=18.0)  # tiny random models: 64-wide layers, all quantized
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 32, bias=False)
+        self.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def simulated(mlp: Mlp, x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """The FP8 model by hand: fake-quantized inputs and weights, float32 accumulation."""
+    def linear(layer, inputs):
+        out = fake_quantize(inputs, granularity).float() @ fake_quantize(layer.weight, granularity).float().T
+        return (out + layer.bias.float() if layer.bias is not None else out).to(inputs.dtype)
+    flat = x.reshape(-1, x.shape[-1])
+    return linear(mlp.down, torch.nn.functional.gelu(linear(mlp.up, flat))).reshape(*x.shape[:-1], -1)
+
+
+def test_block_granularities_are_refused_clearly():
+    with pytest.raises(NotImplementedError, match="block-1x128"):
+        Fp8Config(granularity="block-1x128")
+    with pytest.raises(ValueError):
+        Fp8Config(granularity="per-something")
+    with pytest.raises(ValueError, match="min_features"):
+        Fp8Config(min_features=-1)
+
+
+def test_selection_by_weight_path():
+    config = Fp8Config(include=("blocks.*",), skip=("*.proj_out.weight",))
+    assert config.selects("blocks.0.attn.to_q.weight") is None
+    assert "skipped by" in config.selects("blocks.3.proj_out.weight")
+    assert "include" in config.selects("embed.weight")
+    assert "not a parameter" in config.selects(None)
+
+
+@pytest.mark.parametrize("granularity", list(Granularity)[:2])
+def test_quantization_error_is_bounded_and_scales_have_the_granularity_shape(granularity):
+    x = torch.randn(33, 80) * torch.logspace(-2, 2, 33)[:, None]  # rows of very different magnitude
+    q, scale = quantize(x, granularity)
+    assert q.dtype == torch.float8_e4m3fn
+    assert scale.shape == ((33, 1) if granularity is Granularity.ROW else ())
+    bound = 0.07 if granularity is Granularity.ROW else 1.0  # per-tensor loses the small rows
+    assert rel_err(fake_quantize(x, granularity), x) < bound
+    assert rel_err(fake_quantize(x[:1], granularity), x[:1]) < 0.07
+
+
+def test_an_all_zero_row_quantizes_without_nan():
+    x = torch.randn(4, 32)
+    x[2] = 0
+    assert torch.isfinite(fake_quantize(x, Granularity.ROW)).all() and fake_quantize(x, Granularity.ROW)[2].eq(0).all()
+
+
+@pytest.mark.parametrize("granularity", ["row", "tensor"])
+def test_pass_computes_the_fake_quantized_model_with_weights_quantized_at_compile_time(granularity):
+    torch.manual_seed(0)
+    mlp = Mlp()
+    config = Fp8Config(granularity=granularity, min_features=16)
+    compiled = kopt.compile(mlp, passes=[], fp8=config, lower="eager")
+    x = torch.randn(3, 5, 64) * 2 + 0.5
+    with torch.no_grad():
+        out = compiled(x)
+        assert rel_err(out, simulated(mlp, x, Granularity(granularity))) < 1e-5
+        assert rel_err(out, mlp(x)) < 0.1
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    assert record.matches == {"fp8-linear": 2}
+    assert "quantized at compile time" in record.notes[0]
+
+
+def test_graph_has_fp8_gemms_and_no_per_call_weight_quantization():
+    """Exactly one amax per linear (its activation): the weights arrive already quantized."""
+    seen = {}
+
+    def spy(graph_module, ctx):
+        seen["targets"] = [n.target for n in graph_module.graph.nodes]
+        seen["fp8_constants"] = [t.dtype for name, t in graph_module.named_buffers() if "fp8_weight" in name]
+
+    passes = [Fp8Linear(Fp8Config(min_features=16)), kopt.FunctionPass("spy", "look", kopt.Contract.exact(), spy)]
+    compiled = kopt.compile(Mlp(torch.bfloat16), passes=passes, lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 64).bfloat16())
+    targets = seen["targets"]
+    assert targets.count(aten._scaled_mm.default) == 2
+    assert aten.mm.default not in targets and aten.addmm.default not in targets
+    assert targets.count(aten.amax.default) == 2
+    assert seen["fp8_constants"] == [torch.float8_e4m3fn, torch.float8_e4m3fn]
+
+
+def test_skipped_and_small_layers_stay_bf16_with_reasons():
+    mlp = Mlp()
+    compiled = kopt.compile(mlp, passes=[], fp8=Fp8Config(min_features=16, skip=("down.*",)), lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 64))
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    assert record.matches == {"fp8-linear": 1}
+    assert [m.reason for m in record.near_misses] == ["down.weight is skipped by 'down.*'"]
+    compiled = kopt.compile(Mlp(), passes=[], fp8=Fp8Config(min_features=100), lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 64))
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    assert record.total_matches == 0
+    assert all("smaller than min_features=100" in m.reason for m in record.near_misses)
+
+
+@pytest.mark.parametrize("name, merged_matches", [("qwen-image", 18), ("flux2", 15)])
+def test_tiny_dits_pass_the_gate_with_merged_siblings_quantized_once(name, merged_matches):
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    config = Fp8Config(min_features=16, gate=TINY_GATE)
+    compiled = kopt.compile(model, fp8=config, lower="eager", verify=True, strict=True)
+    inputs = workload.inputs("tiny", seed=13, dtype=torch.bfloat16)
+    with torch.no_grad():
+        quality = measure(compiled(**inputs)[0], model(**inputs)[0], TINY_GATE)
+    assert quality.passed, quality
+    report = compiled.kopt_report
+    assert report.graphs[0].fallback is None
+    assert report.matches("fp8-linear") == merged_matches
+    names = [p.name for p in report.graphs[0].passes]
+    assert names.index("sibling-merge") < names.index("fp8-linear") < names.index("bias-absorption")
+
+
+def test_skipping_one_merged_sibling_keeps_its_whole_group_in_bf16():
+    workload = get_workload("flux2")
+    torch.manual_seed(0)
+    model = workload.model("tiny")
+    config = Fp8Config(min_features=16, skip=("transformer_blocks.0.attn.to_k.weight",))
+    compiled = kopt.compile(model, fp8=config, lower="eager")
+    with torch.no_grad():
+        compiled(**workload.inputs("tiny", seed=2))
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    reasons = [m.reason for m in record.near_misses if "to_k" in m.reason]
+    assert reasons == ["transformer_blocks.0.attn.to_k.weight is skipped by 'transformer_blocks.0.attn.to_k.weight'"
+                       " (a merged sibling: all or none are quantized)"]
+
+
+def test_a_broken_gate_falls_back_to_bf16_under_verify():
+    workload = get_workload("qwen-image")
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    impossible = Fp8Config(min_features=16, gate=QualityGate(min_cosine=0.999999, min_sqnr_db=80))
+    compiled = kopt.compile(model, fp8=impossible, lower="eager", verify=True)
+    inputs = workload.inputs("tiny", seed=5, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+    assert "verification failed" in compiled.kopt_report.graphs[0].fallback
+
+
+def test_quality_numbers_agree_with_each_other():
+    reference = torch.randn(1000, dtype=torch.float64) + 0.1
+    candidate = reference + 0.01 * torch.randn(1000, dtype=torch.float64)
+    quality = measure(candidate, reference)
+    assert math.isclose(quality.sqnr_db, -20 * math.log10(quality.rel_err))
+    assert quality.passed and 0.9999 < quality.cosine < 1
+    assert not measure(candidate * float("nan"), reference).passed
+
+
+def test_sensitivity_scan_orders_layers_and_feeds_the_skip_list():
+    workload = get_workload("flux2")
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    inputs = workload.inputs("tiny", seed=9, dtype=torch.bfloat16)
+    config = Fp8Config(min_features=16)
+    scan = scan_sensitivity(model, inputs, config)
+    assert len(scan) > 10
+    sqnrs = [r.quality.sqnr_db for r in scan]
+    assert sqnrs == sorted(sqnrs) and all(math.isfinite(s) and s > 10 for s in sqnrs)
+    kept = keep_in_bf16(config, scan, 2)
+    assert kept.skip == (scan[0].path, scan[1].path)
+    with torch.no_grad():  # the scan left the model untouched
+        before = model(**inputs)[0]
+        scan_sensitivity(model, inputs, config)
+        assert torch.equal(model(**inputs)[0], before)
