@@ -30,12 +30,14 @@ def default_pipeline() -> list[Pass]:
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"`` yet: correct and tested, not yet measured to pay on a GPU.
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
+    from kopt.passes.codegen_fuse import CodegenFuse
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
     from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
 
-    # in this order: fuse-gated-residual consumes fuse-adaln's ops
-    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope()]
+    # in this order: fuse-gated-residual consumes fuse-adaln's ops; codegen-fuse last, so it only
+    # generates kernels for the elementwise regions the hand-written kernels left
+    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), CodegenFuse()]
 
 
 def available_passes() -> dict[str, Pass]:
