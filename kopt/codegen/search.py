@@ -15,9 +15,10 @@ import dataclasses
 
 import torch
 
-from kopt.codegen.region import Region, build_region, is_candidate, positions, with_getitems
+from kopt.codegen.region import Region, build_region, is_candidate, is_reduction, positions, with_getitems
 
 MIN_OPS = 2  # a single op is already one kernel in aten; fusing pays from two
+_REDUCTION_RULES = ("two reductions", "reduction over", "reduces a value broadcast", "mixes a reduction")
 
 
 @dataclasses.dataclass
@@ -35,7 +36,7 @@ def _compute_ops(region: Region) -> int:
 
 def _reportable(reason: str) -> bool:
     """Growth refusals that explain a missed fusion (the reduction rules), not plain region boundaries."""
-    return "reduction" in reason
+    return any(phrase in reason for phrase in _REDUCTION_RULES)
 
 
 def find_regions(graph: torch.fx.Graph, *, min_ops: int = MIN_OPS) -> Search:
@@ -48,9 +49,10 @@ def find_regions(graph: torch.fx.Graph, *, min_ops: int = MIN_OPS) -> Search:
         if seed in claimed or not is_candidate(seed) or not seed.users:
             continue
         start = build_region([seed], position)
-        if isinstance(start, str):  # the node itself cannot be computed by a row kernel: always worth saying
-            refusals.setdefault(seed, start)
-            continue
+        if isinstance(start, str):
+            if is_reduction(seed):  # a reduction of another shape: a near miss worth naming
+                refusals.setdefault(seed, start)
+            continue  # other boundaries (float64, complex, integer values) are not near misses
         members = set(start.members)
         grown = True
         while grown:  # a node refused in one round may fit once others joined, so retry each round
