@@ -11,6 +11,7 @@ import abc
 import dataclasses
 import enum
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -86,13 +87,15 @@ class Fuel:
 
 @dataclasses.dataclass
 class PassContext:
-    """What a running pass reports into: rewrites applied, near misses, free-form notes."""
+    """What a running pass reports into: rewrites applied, near misses, free-form notes; and where it
+    may write debug artifacts (``trace_dir``, set by ``KOPT_DEBUG`` or ``trace=``; None: nowhere)."""
 
     pass_name: str
     fuel: Fuel = dataclasses.field(default_factory=Fuel)
     matches: dict[str, int] = dataclasses.field(default_factory=dict)
     near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    trace_dir: Path | None = None
 
     def fire(self, rule: str, node: torch.fx.Node | str) -> bool:
         """Ask to apply ``rule`` at ``node``; False (and a near miss) once fuel runs out."""

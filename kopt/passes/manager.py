@@ -49,7 +49,7 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
         stem = f"{position:02d}_{rewrite.name}"
         before = census(graph_module.graph)
         saved = _snapshot(graph_module.graph)
-        ctx = PassContext(rewrite.name, fuel)
+        ctx = PassContext(rewrite.name, fuel, trace_dir=trace_dir)
         _dump(trace_dir, graph_index, stem + "_before", graph_module)
         start = time.perf_counter()
         try:

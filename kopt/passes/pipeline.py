@@ -31,6 +31,7 @@ def default_pipeline() -> list[Pass]:
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"`` yet: correct and tested, not yet measured to pay on a GPU.
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
+    from kopt.passes.codegen_fuse import CodegenFuse
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
@@ -39,10 +40,11 @@ def opt_in_passes() -> list[Pass]:
     from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
 
     # in this order: fuse-gated-residual consumes fuse-adaln's ops; the joint attention input
-    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself).
-    # fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...) instead.
+    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself);
+    # codegen-fuse after the hand-written fusions, so it only generates kernels for the elementwise
+    # regions they left. fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...).
     return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput(),
-            Fp8Linear()]
+            CodegenFuse(), Fp8Linear()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
