@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from benchmarks.fp8_baseline import count_fp8_linears, quantize_linears
+from kopt.fp8 import Fp8Config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +112,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-fused": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln",
                                "fuse-gated-residual", "fuse-qk-norm-rope", "fuse-qk-norm-rope-real",
                                "fuse-joint-attention-input", "staging"]),
+    # auto plus FP8 linears (rowwise, weights quantized at compile time; Inductor fuses the activation quant)
+    "kopt-fp8": dict(passes="auto", fp8=Fp8Config()),
 }
 
 

@@ -150,8 +150,8 @@ def test_kernel_benchmark_smoke(tmp_path):
     from benchmarks.kernels import run
 
     rows = run("tiny", tmp_path)
-    assert {r["kernel"] for r in rows} == {"adaln_modulation", "gated_residual", "qk_norm_rope", "gelu_tanh",
-                                           "swiglu"}
+    assert {r["kernel"] for r in rows} == {"adaln_modulation", "gated_residual", "qk_norm_rope", "qk_norm_rope_joint",
+                                           "gelu_tanh", "swiglu"}
     assert all(r["rel_err"] < 1e-2 for r in rows)  # bf16 kernels vs their spec; zeros would give 1.0
     assert all(r["config"] and r["config_source"] == "default" for r in rows)  # no timing on the CPU
     assert (tmp_path / "kernels-tiny.json").exists() and (tmp_path / "kernels-tiny.md").exists()
