@@ -202,3 +202,39 @@ def test_sensitivity_scan_orders_layers_and_feeds_the_skip_list():
         before = model(**inputs)[0]
         scan_sensitivity(model, inputs, config)
         assert torch.equal(model(**inputs)[0], before)
+
+
+def test_swiglu_quantization_is_fused_on_flux2_and_changes_nothing():
+    """FLUX.2 tiny: two feed-forward SwiGLUs and one single-stream [attention, SwiGLU] cat feed FP8
+    GEMMs; fused, the output is the unfused FP8 graph's."""
+    workload = get_workload("flux2")
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    config = Fp8Config(min_features=16, gate=TINY_GATE)
+    fused = kopt.compile(model, fp8=config, lower="eager")
+    plain = kopt.compile(model, passes=["redundancy", "sibling-merge", Fp8Linear(config), "bias-absorption", "staging"],
+                         lower="eager")
+    inputs = workload.inputs("tiny", seed=17, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fused(**inputs)[0], plain(**inputs)[0])
+    (record,) = fused.kopt_report.pass_records("fuse-swiglu-quant")
+    assert record.matches == {"swiglu-quant": 3}, record.near_misses
+
+
+def test_swiglu_read_elsewhere_is_a_near_miss():
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(32, 16)
+
+        def forward(self, x):
+            h = self.up(x)
+            y = torch.nn.functional.silu(h[..., :32]) * h[..., 32:]
+            return self.down(y), y.sum()
+
+    compiled = kopt.compile(Block(), passes=[], fp8=Fp8Config(min_features=16), lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 32))
+    (record,) = compiled.kopt_report.pass_records("fuse-swiglu-quant")
+    assert record.total_matches == 0
+    assert [m.reason for m in record.near_misses] == ["the SwiGLU output is read elsewhere: it would be computed twice"]

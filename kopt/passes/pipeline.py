@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kopt.fp8.config import Fp8Config
+from kopt.fp8.config import Fp8Config, Granularity
 from kopt.passes.base import Pass
 from kopt.passes.bias_absorption import BiasAbsorption
 from kopt.passes.redundancy import RedundancyElimination
@@ -43,26 +43,34 @@ def opt_in_passes() -> list[Pass]:
     # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself);
     # codegen-fuse after the hand-written fusions, so it only generates kernels for the elementwise
     # regions they left. fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...).
+    from kopt.passes.fuse_swiglu_quant import FuseSwigluQuant
+
     return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput(),
-            CodegenFuse(), Fp8Linear()]
+            CodegenFuse(), Fp8Linear(), FuseSwigluQuant()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
     """``passes`` with an :class:`Fp8Linear` for ``config``: in place of an ``fp8-linear`` already
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
-    ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``."""
+    ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
+    With row-wise scales the producer fusions that emit FP8 directly follow it
+    (``fuse-swiglu-quant``)."""
     from kopt.passes.fp8_linear import Fp8Linear
+    from kopt.passes.fuse_swiglu_quant import FuseSwigluQuant
 
     fp8 = Fp8Linear(config)
+    producers = [] if Granularity(config.granularity) is not Granularity.ROW else [FuseSwigluQuant()]
+    passes = [p for p in passes if p.name not in {q.name for q in producers}]
     names = [p.name for p in passes]
     if fp8.name in names:
-        return [fp8 if p.name == fp8.name else p for p in passes]
+        at = names.index(fp8.name)
+        return [*passes[:at], fp8, *producers, *passes[at + 1:]]
     if "sibling-merge" in names:
         at = names.index("sibling-merge") + 1
     else:
         later = [names.index(n) for n in ("bias-absorption", "staging") if n in names]
         at = min(later) if later else len(passes)
-    return [*passes[:at], fp8, *passes[at:]]
+    return [*passes[:at], fp8, *producers, *passes[at:]]
 
 
 def available_passes() -> dict[str, Pass]:

@@ -1,0 +1,134 @@
+"""FP8 producer fusion: the row-wise quantization of a SwiGLU output (behind an optional prefix)
+moves into one ``kopt::swiglu_quant`` kernel that emits the FP8 values and their scales.
+
+    y = cat([prefix, silu(h[..., :F]) * h[..., F:]], -1).view(M, K)      (or without the prefix)
+    q, s = quantize_rows(y);  out = _scaled_mm(q, W8.T, s, sW, ...)         (as ``fp8-linear`` wrote it)
+  → q, s = kopt.swiglu_quant(h, prefix);  out = _scaled_mm(q, W8.T, s, sW, ...)
+
+Why: unfused, the bf16 SwiGLU output is computed twice and its input read twice from memory (one
+kernel for the row amax, one to write q), the "SwiGLU output read back for quantization" of the
+production report; the kernel reads each row once from DRAM. Valid when the quantization is the
+row-wise one ``fp8-linear`` emits (checked node by node) and nothing else reads the bf16 SwiGLU
+output or its float32 copy (else it would be computed twice). Contract: exact — the kernel rounds
+the SwiGLU to h's dtype as the graph does and quantizes with the same formula; only the order of
+float32 operations inside ``silu`` may differ (checked against the graph in the tests).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
+from kopt.fx.graph_utils import meta_value, only_user, stamp
+from kopt.kernels import swiglu_quant as _registers_the_op  # noqa: F401  (torch.ops.kopt.swiglu_quant)
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
+
+aten = torch.ops.aten
+RULE = "swiglu-quant"
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_END = 2**62
+
+
+def _is(node: object, target: object) -> bool:
+    return isinstance(node, torch.fx.Node) and node.target is target
+
+
+def _row_quantization(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | str:
+    """(the bf16 activation, the float32 copy) if ``gemm``'s A operand and scale are fp8-linear's
+    row-wise quantization of one activation, else why not."""
+    q, scale = gemm.args[0], gemm.args[2]
+    if not (_is(q, aten._to_copy.default) and q.kwargs.get("dtype") == FP8):
+        return "the FP8 GEMM's input is not a cast to float8_e4m3fn"
+    clamp = q.args[0]
+    if not (_is(clamp, aten.clamp.default) and list(clamp.args[1:]) == [-FP8_MAX, FP8_MAX]):
+        return "not clamped to ±448 before the cast"
+    scaled = clamp.args[0]
+    if not (_is(scaled, aten.div.Tensor) and scaled.args[1] is scale):
+        return "not divided by the GEMM's own activation scale"
+    xf = scaled.args[0]
+    if not (_is(scale, aten.div.Tensor) and scale.args[1] == FP8_MAX and _is(scale.args[0], aten.clamp_min.default)
+            and scale.args[0].args[1] == MIN_AMAX):
+        return "the activation scale is not max(amax, 1e-12) / 448"
+    amax = scale.args[0].args[0]
+    if not (_is(amax, aten.amax.default) and list(amax.args[1]) == [-1] and amax.args[2] is True
+            and _is(amax.args[0], aten.abs.default) and amax.args[0].args[0] is xf):
+        return "the scale is not the per-row amax of |x| (not row-wise granularity)"
+    if not (_is(xf, aten._to_copy.default) and xf.kwargs.get("dtype") == torch.float32):
+        return "the quantized value is not a float32 copy of the activation"
+    if set(xf.users) != {amax.args[0], scaled}:
+        return "the float32 activation is read by more than the quantization"
+    return xf.args[0], xf
+
+
+def _swiglu(node: object) -> torch.fx.Node | str:
+    """h if ``node`` is ``silu(h[..., :F]) * h[..., F:2F]`` with h's last dim 2F, else why not."""
+    if not _is(node, aten.mul.Tensor):
+        return "the activation is not a product (SwiGLU)"
+    a, b = node.args[:2]
+    if not _is(a, aten.silu.default):
+        a, b = b, a
+    if not _is(a, aten.silu.default):
+        return "no silu factor: not SwiGLU"
+    gate, up = a.args[0], b
+    if not (_is(gate, aten.slice.Tensor) and _is(up, aten.slice.Tensor) and gate.args[0] is up.args[0]):
+        return "the SwiGLU halves are not slices of one tensor"
+    h = gate.args[0]
+    h_val = meta_value(h)
+    if h_val is None or h_val.shape[-1] % 2:
+        return "the SwiGLU input has an odd last dim"
+    f, last = h_val.shape[-1] // 2, h_val.dim() - 1
+    gate_slice = (gate.args[1] in (-1, last), gate.args[2] if len(gate.args) > 2 else 0, gate.args[3])
+    up_slice = (up.args[1] in (-1, last), up.args[2], up.args[3] if len(up.args) > 3 else _END)
+    if gate_slice != (True, 0, f) or up_slice[:2] != (True, f) or up_slice[2] < 2 * f:
+        return "the halves are not h[..., :F] (through silu) and h[..., F:]"
+    if len(node.users) != 1:
+        return "the SwiGLU output is read elsewhere: it would be computed twice"
+    return h
+
+
+def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None] | str | None:
+    """(h, prefix) for an FP8 GEMM whose A operand is a row-quantized [prefix ++] SwiGLU, or why not;
+    None for FP8 GEMMs whose activation is no product at all (not candidates)."""
+    found = _row_quantization(gemm)
+    if isinstance(found, str):
+        return found
+    activation, _ = found
+    source = activation.args[0] if activation.target in _VIEWS else activation
+    if only_user(source) is None and source is not activation:
+        return "the activation before its 2-D view is read elsewhere"
+    prefix = None
+    if _is(source, aten.cat.default):
+        parts, dim = source.args[0], source.args[1] if len(source.args) > 1 else 0
+        if len(parts) != 2 or dim not in (-1, meta_value(source).dim() - 1):
+            return "a cat of other than [prefix, SwiGLU] along the last dim"
+        prefix, source = parts
+    if not _is(source, aten.mul.Tensor):
+        return None
+    h = _swiglu(source)
+    if isinstance(h, str):
+        return h
+    if prefix is not None and meta_value(prefix).dtype != meta_value(h).dtype:
+        return "the prefix and the SwiGLU have different dtypes"
+    return h, prefix
+
+
+class FuseSwigluQuant(Pass):
+    name = "fuse-swiglu-quant"
+    why = "SwiGLU (after an optional prefix) and its row-wise FP8 quantization in one kernel: the input is read once"
+    contract = Contract.exact()
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        graph = graph_module.graph
+        for gemm, (h, prefix) in accepted_matches(graph, aten._scaled_mm.default, match, ctx, RULE):
+            with graph.inserting_before(gemm):
+                fused = graph.call_function(torch.ops.kopt.swiglu_quant.default, (h, prefix))
+                q = graph.call_function(operator.getitem, (fused, 0))
+                scale = graph.call_function(operator.getitem, (fused, 1))
+            for node in (fused, q, scale):
+                stamp(node, pass_name=self.name, rule=RULE)
+            old_q, old_scale = gemm.args[0], gemm.args[2]
+            gemm.replace_input_with(old_q, q)
+            gemm.replace_input_with(old_scale, scale)
+        graph.eliminate_dead_code()

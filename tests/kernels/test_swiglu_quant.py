@@ -1,0 +1,94 @@
+"""kopt::swiglu_quant: the Triton kernel (interpreted on the CPU) against its spec, which is the
+unfused graph's SwiGLU + cat + row-wise FP8 quantization; fake implementation shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kopt.fp8.quantize import FP8
+from kopt.kernels import swiglu_quant as mod
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _inputs(shape, f, p, dtype, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(*shape, 2 * f, generator=g) * 3).to(dtype).to(device)
+    prefix = None if p is None else (torch.randn(*shape, p, generator=g) * 0.5).to(dtype).to(device)
+    return h, prefix
+
+
+def _dequantized(q, scale):
+    return q.float() * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [None, 24])
+def test_kernel_matches_the_spec(dtype, p):
+    h, prefix = _inputs((2, 5), 37, p, dtype, seed=3 + (p or 0))
+    q, scale = mod.launch(h, prefix, block=16)  # a small block: several loop iterations per row
+    q_ref, scale_ref = mod.reference(h, prefix)
+    assert q.dtype == FP8 and q.shape == (10, 37 + (p or 0)) and scale.shape == (10, 1)
+    if dtype == torch.float32:
+        torch.testing.assert_close(scale, scale_ref, rtol=1e-6, atol=0)
+        _assert_same_fp8(q, q_ref)
+    else:  # the interpreter rounds float32 -> bf16 by truncation (the GPU rounds to nearest): ≤ 2 bf16 ulps
+        torch.testing.assert_close(scale, scale_ref, rtol=2**-6, atol=0)
+        a, b = q.float(), q_ref.float()
+        carry = (a * 2 == b) & (torch.frexp(b)[0].abs() == 0.5) & (a != b)  # see _assert_same_fp8
+        assert carry.float().mean().item() < 0.05
+        deq, deq_ref = (_dequantized(q, scale) * ~carry), (_dequantized(q_ref, scale_ref) * ~carry)
+        assert ((deq - deq_ref).norm() / deq_ref.norm()).item() < 3e-2
+
+
+def _assert_same_fp8(q, q_ref):
+    """Equal FP8 values, except (on the CPU) where Triton's interpreter drops the carry when rounding
+    a mantissa up to the next power of two: it gives x/2 for x = ±2^k (e.g. -64 for -128). Every
+    other value must be equal, and those must be exactly that artifact."""
+    a, b = q.float(), q_ref.float()
+    differ = a != b
+    if torch.cuda.is_available() and q.is_cuda:
+        assert not differ.any()
+        return
+    assert differ.float().mean().item() < 0.05
+    power_of_two = torch.frexp(b[differ])[0].abs() == 0.5
+    assert torch.equal(a[differ] * 2, b[differ]) and power_of_two.all()
+
+
+def test_spec_quantizes_like_kopt_fp8():
+    """The spec is kopt.fp8.quantize (ROW) applied to cat([prefix, silu(h1) * h2])."""
+    from kopt.fp8 import Granularity, quantize
+
+    h, prefix = _inputs((3,), 8, 5, torch.bfloat16, seed=4)
+    y = torch.cat([prefix, torch.nn.functional.silu(h[:, :8]) * h[:, 8:]], dim=-1)
+    q, scale = quantize(y, Granularity.ROW)
+    q_ref, scale_ref = mod.reference(h, prefix)
+    assert torch.equal(q.float(), q_ref.float()) and torch.equal(scale, scale_ref)
+
+
+def test_bad_inputs_are_refused_clearly():
+    h, prefix = _inputs((2,), 8, 4, torch.float32, seed=5)
+    with pytest.raises(ValueError, match="even last dim"):
+        mod.launch(h[:, :15])
+    with pytest.raises(ValueError, match="must match h"):
+        mod.launch(h, prefix.double())
+
+
+def test_fake_implementation_shapes():
+    h, prefix = _inputs((2, 3), 8, 4, torch.bfloat16, seed=6)
+    with FakeTensorMode() as fake_mode:
+        q, scale = torch.ops.kopt.swiglu_quant(fake_mode.from_tensor(h), fake_mode.from_tensor(prefix))
+    assert (tuple(q.shape), q.dtype, tuple(scale.shape), scale.dtype) == ((6, 12), FP8, (6, 1), torch.float32)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_flux2_single_stream_shape():
+    h, prefix = _inputs((1, 4608), 18432, 6144, torch.bfloat16, seed=7, device="cuda")
+    q, scale = torch.ops.kopt.swiglu_quant(h, prefix)
+    q_ref, scale_ref = mod.reference(h, prefix)
+    torch.testing.assert_close(scale, scale_ref, rtol=1e-6, atol=0)
+    deq, deq_ref = _dequantized(q, scale), _dequantized(q_ref, scale_ref)
+    assert ((deq - deq_ref).norm() / deq_ref.norm()).item() < 1e-3  # silu's float32 order may differ
