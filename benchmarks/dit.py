@@ -231,6 +231,12 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
         hit = measure_row(run, state.name, variant.name, "forward-memo-hit",
                           repeating_forward(fn, state.inputs), state.reference)
         hit["notes"] = list(prepared.notes) + ["same timestep every call: step-invariant memo hit"]
+        if run.args.profile_forwards > 0:  # kernel time and launches of a hit: what the cache removes
+            breakdown = profile_breakdown(repeating_forward(fn, state.inputs), run.device, run.args.profile_forwards)
+            gap = hit["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
+            run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward-memo-hit",
+                                             "gap_ms": gap, **breakdown})
+            hit["launches"] = breakdown["launches"]
         rows.append(hit)
     if prepared.kopt_report is not None:
         run.results["kopt_reports"][f"{state.name}/{variant.name}"] = prepared.kopt_report.to_dict()

@@ -139,7 +139,8 @@ def breakdown_table(breakdowns: Sequence[Mapping[str, Any]]) -> str:
              "| median − kernels | launches |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for b in breakdowns:
         ms = b["ms"]
-        lines.append(f"| {b['model']} | {b['variant']} | {_fmt(ms['gemm'])} | {_fmt(ms['attention'])} "
+        variant = b["variant"] if b.get("call", "forward") == "forward" else f"{b['variant']} ({b['call']})"
+        lines.append(f"| {b['model']} | {variant} | {_fmt(ms['gemm'])} | {_fmt(ms['attention'])} "
                      f"| {_fmt(ms['norm_elementwise'])} | {_fmt(ms['copies'])} | {_fmt(ms['other'])} "
                      f"| {_fmt(b['kernel_ms'])} | {_fmt(b.get('gap_ms'))} | {_fmt(b.get('launches'), 0)} |")
     return "\n".join(lines)

@@ -68,8 +68,9 @@ def test_staged_kopt_gets_a_memo_hit_row_that_hits(tiny_results: dict, model: st
 
 
 def test_results_carry_breakdown_flops_and_kopt_report(tiny_results: dict) -> None:
-    assert {(b["model"], b["variant"]) for b in tiny_results["breakdown"]} == {
-        (m, v) for m in ("qwen-image", "flux2") for v in VARIANTS}
+    assert {(b["model"], b["variant"], b["call"]) for b in tiny_results["breakdown"]} == {
+        (m, v, "forward") for m in ("qwen-image", "flux2") for v in VARIANTS} | {
+        (m, "kopt-eager", "forward-memo-hit") for m in ("qwen-image", "flux2")}
     assert all(b["kernel_ms"] > 0 for b in tiny_results["breakdown"])
     assert all(info["flops"]["gemm"] > 0 for info in tiny_results["per_model"].values())
     assert "qwen-image/kopt-eager" in tiny_results["kopt_reports"]
@@ -151,8 +152,13 @@ def test_kernel_benchmark_smoke(tmp_path):
 
     rows = run("tiny", tmp_path)
     assert {r["kernel"] for r in rows} == {"adaln_modulation", "gated_residual", "qk_norm_rope", "qk_norm_rope_joint",
-                                           "gelu_tanh", "swiglu"}
-    assert all(r["rel_err"] < 1e-2 for r in rows)  # bf16 kernels vs their spec; zeros would give 1.0
-    assert all(r["config"] and r["config_source"] == "default" for r in rows)  # no timing on the CPU
+                                           "gelu_tanh", "swiglu", "swiglu_quant"}
+    exact = [r for r in rows if r["kernel"] != "swiglu_quant"]
+    assert all(r["rel_err"] < 1e-2 for r in exact)  # bf16 kernels vs their spec; zeros would give 1.0
+    # FP8 output, compared dequantized; Triton's CPU interpreter truncates bf16 and drops fp8 rounding
+    # carries (see tests/kernels/test_swiglu_quant.py), so the bound is loose here and tight on the GPU
+    assert [r["rel_err"] < 0.1 for r in rows if r["kernel"] == "swiglu_quant"] == [True]
+    tuned = [r for r in rows if r["kernel"] != "swiglu_quant"]  # swiglu_quant has one fixed launch config
+    assert all(r["config"] and r["config_source"] == "default" for r in tuned)  # no timing on the CPU
     assert (tmp_path / "kernels-tiny.json").exists() and (tmp_path / "kernels-tiny.md").exists()
     assert "num_warps=" in (tmp_path / "kernels-tiny.md").read_text()
