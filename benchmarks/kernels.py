@@ -39,13 +39,13 @@ if not torch.cuda.is_available():
 
 from kopt.kernels import (  # noqa: E402
     _autotune,
+    activation_quant,
     adaln_modulation,
     gated_residual,
     gelu_tanh,
     joint_qk_norm_rope,
     qk_norm_rope,
     swiglu,
-    swiglu_quant,
 )
 
 
@@ -103,7 +103,7 @@ def cases(size: str, device: torch.device) -> list[Case]:
     flux_tokens, flux_ff = (4608, 9216) if full else (5, 12)
 
     def swiglu_quant_inputs() -> tuple[Any, ...]:  # h = the (M, 2F) up projection, F = 18432 at full size
-        return randn(flux_tokens, 4 * flux_ff), randn(flux_tokens, 2 * width)
+        return randn(flux_tokens, 4 * flux_ff), randn(flux_tokens, 2 * width), "swiglu"
 
     def _joint_bytes(args: tuple[Any, ...]) -> int:
         xs, weights, cos, sin = args[:4]
@@ -128,9 +128,12 @@ def cases(size: str, device: torch.device) -> list[Case]:
              joint_qk_norm_rope.launch, joint_qk_norm_rope.reference, tuned_as="qk_norm_rope"),
         Case("gelu_tanh", f"x (1, {tokens}, {hidden})", lambda: (randn(1, tokens, hidden),),
              lambda a: 2 * _bytes(a[0]), gelu_tanh.launch, gelu_tanh.reference),
-        Case("swiglu_quant", f"FLUX.2 single-stream: prefix ({flux_tokens}, {2 * width}) + h ({flux_tokens}, "
-             f"{4 * flux_ff}) -> fp8", swiglu_quant_inputs, lambda a: _out(a, swiglu_quant.reference(*a)),
-             swiglu_quant.launch, swiglu_quant.reference),
+        Case("activation_quant", f"swiglu, FLUX.2 single-stream: prefix ({flux_tokens}, {2 * width}) + "
+             f"h ({flux_tokens}, {4 * flux_ff}) -> fp8", swiglu_quant_inputs,
+             lambda a: _out(a, activation_quant.reference(*a)), activation_quant.launch, activation_quant.reference),
+        Case("activation_quant", f"gelu_tanh, Qwen-Image feed-forward: h (1, {tokens}, {hidden}) -> fp8",
+             lambda: (randn(1, tokens, hidden), None, "gelu_tanh"),
+             lambda a: _out(a, activation_quant.reference(*a)), activation_quant.launch, activation_quant.reference),
         Case("swiglu", f"h (1, {tokens}, {2 * ff})", lambda: (randn(1, tokens, 2 * ff),),
              lambda a: _bytes(a[0]) * 3 // 2, swiglu.launch, swiglu.reference),
     ]

@@ -204,10 +204,12 @@ def test_sensitivity_scan_orders_layers_and_feeds_the_skip_list():
         assert torch.equal(model(**inputs)[0], before)
 
 
-def test_swiglu_quantization_is_fused_on_flux2_and_changes_nothing():
+@pytest.mark.parametrize("name, matches", [("flux2", {"swiglu-quant": 3}), ("qwen-image", {"gelu-tanh-quant": 3})])
+def test_activation_quantization_is_fused_and_changes_nothing(name, matches):
     """FLUX.2 tiny: two feed-forward SwiGLUs and one single-stream [attention, SwiGLU] cat feed FP8
-    GEMMs; fused, the output is the unfused FP8 graph's."""
-    workload = get_workload("flux2")
+    GEMMs; Qwen-Image tiny: 2 blocks × (image, text) GELU-tanh feed-forwards, less the last block's
+    text one, whose output nothing reads (dead code). Fused, the output is the unfused FP8 graph's."""
+    workload = get_workload(name)
     torch.manual_seed(0)
     model = workload.model("tiny", dtype=torch.bfloat16)
     config = Fp8Config(min_features=16, gate=TINY_GATE)
@@ -217,11 +219,11 @@ def test_swiglu_quantization_is_fused_on_flux2_and_changes_nothing():
     inputs = workload.inputs("tiny", seed=17, dtype=torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(fused(**inputs)[0], plain(**inputs)[0])
-    (record,) = fused.kopt_report.pass_records("fuse-swiglu-quant")
-    assert record.matches == {"swiglu-quant": 3}, record.near_misses
+    (record,) = fused.kopt_report.pass_records("fuse-activation-quant")
+    assert record.matches == matches, record.near_misses
 
 
-def test_swiglu_read_elsewhere_is_a_near_miss():
+def test_activation_read_elsewhere_is_a_near_miss():
     class Block(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -235,6 +237,6 @@ def test_swiglu_read_elsewhere_is_a_near_miss():
     compiled = kopt.compile(Block(), passes=[], fp8=Fp8Config(min_features=16), lower="eager")
     with torch.no_grad():
         compiled(torch.randn(4, 32))
-    (record,) = compiled.kopt_report.pass_records("fuse-swiglu-quant")
+    (record,) = compiled.kopt_report.pass_records("fuse-activation-quant")
     assert record.total_matches == 0
     assert [m.reason for m in record.near_misses] == ["the SwiGLU output is read elsewhere: it would be computed twice"]

@@ -33,20 +33,20 @@ def opt_in_passes() -> list[Pass]:
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
     from kopt.passes.codegen_fuse import CodegenFuse
     from kopt.passes.fp8_linear import Fp8Linear
+
+    # in this order: fuse-gated-residual consumes fuse-adaln's ops; the joint attention input
+    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself);
+    # codegen-fuse after the hand-written fusions, so it only generates kernels for the elementwise
+    # regions they left. fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...).
+    from kopt.passes.fuse_activation_quant import FuseActivationQuant
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
     from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
     from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
     from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
 
-    # in this order: fuse-gated-residual consumes fuse-adaln's ops; the joint attention input
-    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself);
-    # codegen-fuse after the hand-written fusions, so it only generates kernels for the elementwise
-    # regions they left. fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...).
-    from kopt.passes.fuse_swiglu_quant import FuseSwigluQuant
-
     return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput(),
-            CodegenFuse(), Fp8Linear(), FuseSwigluQuant()]
+            CodegenFuse(), Fp8Linear(), FuseActivationQuant()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
@@ -54,12 +54,12 @@ def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
     With row-wise scales the producer fusions that emit FP8 directly follow it
-    (``fuse-swiglu-quant``)."""
+    (``fuse-activation-quant``)."""
     from kopt.passes.fp8_linear import Fp8Linear
-    from kopt.passes.fuse_swiglu_quant import FuseSwigluQuant
+    from kopt.passes.fuse_activation_quant import FuseActivationQuant
 
     fp8 = Fp8Linear(config)
-    producers = [] if Granularity(config.granularity) is not Granularity.ROW else [FuseSwigluQuant()]
+    producers = [] if Granularity(config.granularity) is not Granularity.ROW else [FuseActivationQuant()]
     passes = [p for p in passes if p.name not in {q.name for q in producers}]
     names = [p.name for p in passes]
     if fp8.name in names:

@@ -1,17 +1,20 @@
-"""FP8 producer fusion: the row-wise quantization of a SwiGLU output (behind an optional prefix)
-moves into one ``kopt::swiglu_quant`` kernel that emits the FP8 values and their scales.
+"""FP8 producer fusion: the row-wise quantization of an activation (SwiGLU or GELU-tanh, behind an
+optional prefix) moves into one ``kopt::activation_quant`` kernel that emits the FP8 values and
+their scales.
 
-    y = cat([prefix, silu(h[..., :F]) * h[..., F:]], -1).view(M, K)      (or without the prefix)
+    y = cat([prefix, act(h)], -1).view(M, K)                               (or without the prefix)
     q, s = quantize_rows(y);  out = _scaled_mm(q, W8.T, s, sW, ...)         (as ``fp8-linear`` wrote it)
-  → q, s = kopt.swiglu_quant(h, prefix);  out = _scaled_mm(q, W8.T, s, sW, ...)
+  → q, s = kopt.activation_quant(h, prefix, act);  out = _scaled_mm(q, W8.T, s, sW, ...)
 
-Why: unfused, the bf16 SwiGLU output is computed twice and its input read twice from memory (one
-kernel for the row amax, one to write q), the "SwiGLU output read back for quantization" of the
+with ``act(h)`` = ``silu(h[..., :F]) * h[..., F:]`` (SwiGLU) or ``gelu(h, approximate="tanh")``.
+
+Why: unfused, the bf16 activation is computed twice and its input read twice from memory (one
+kernel for the row amax, one to write q), the "activation output read back for quantization" of the
 production report; the kernel reads each row once from DRAM. Valid when the quantization is the
-row-wise one ``fp8-linear`` emits (checked node by node) and nothing else reads the bf16 SwiGLU
-output or its float32 copy (else it would be computed twice). Contract: exact — the kernel rounds
-the SwiGLU to h's dtype as the graph does and quantizes with the same formula; only the order of
-float32 operations inside ``silu`` may differ (checked against the graph in the tests).
+row-wise one ``fp8-linear`` emits (checked node by node) and nothing else reads the bf16
+activation or its float32 copy (else it would be computed twice). Contract: exact — the kernel
+rounds each activation step to h's dtype as the graph does and quantizes with the same formula;
+only the order of float32 operations inside silu/tanh may differ (checked in the tests).
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import torch
 
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
 from kopt.fx.graph_utils import meta_value, only_user, stamp
-from kopt.kernels import swiglu_quant as _registers_the_op  # noqa: F401  (torch.ops.kopt.swiglu_quant)
-from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
+from kopt.kernels import activation_quant as _registers_the_op  # noqa: F401  (torch.ops.kopt.activation_quant)
+from kopt.passes.base import Contract, Pass, PassContext
 
 aten = torch.ops.aten
-RULE = "swiglu-quant"
+RULES = {"swiglu": "swiglu-quant", "gelu_tanh": "gelu-tanh-quant"}
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _END = 2**62
 
@@ -88,9 +91,18 @@ def _swiglu(node: object) -> torch.fx.Node | str:
     return h
 
 
-def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None] | str | None:
-    """(h, prefix) for an FP8 GEMM whose A operand is a row-quantized [prefix ++] SwiGLU, or why not;
-    None for FP8 GEMMs whose activation is no product at all (not candidates)."""
+def _gelu_tanh(node: torch.fx.Node) -> torch.fx.Node | str:
+    """h if ``node`` is ``gelu(h, approximate="tanh")`` read by nothing else, else why not."""
+    if node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") != "tanh":
+        return "exact (erf) GELU: the kernel implements the tanh approximation"
+    if len(node.users) != 1:
+        return "the GELU output is read elsewhere: it would be computed twice"
+    return node.args[0]
+
+
+def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None, str] | str | None:
+    """(h, prefix, act) for an FP8 GEMM whose A operand is a row-quantized [prefix ++] activation, or
+    why not; None for FP8 GEMMs whose activation is neither a product nor a GELU (not candidates)."""
     found = _row_quantization(gemm)
     if isinstance(found, str):
         return found
@@ -102,32 +114,47 @@ def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None] | s
     if _is(source, aten.cat.default):
         parts, dim = source.args[0], source.args[1] if len(source.args) > 1 else 0
         if len(parts) != 2 or dim not in (-1, meta_value(source).dim() - 1):
-            return "a cat of other than [prefix, SwiGLU] along the last dim"
+            return "a cat of other than [prefix, activation] along the last dim"
         prefix, source = parts
-    if not _is(source, aten.mul.Tensor):
+    if _is(source, aten.mul.Tensor):
+        act, h = "swiglu", _swiglu(source)
+    elif _is(source, aten.gelu.default):
+        act, h = "gelu_tanh", _gelu_tanh(source)
+    else:
         return None
-    h = _swiglu(source)
     if isinstance(h, str):
         return h
     if prefix is not None and meta_value(prefix).dtype != meta_value(h).dtype:
-        return "the prefix and the SwiGLU have different dtypes"
-    return h, prefix
+        return "the prefix and the activation have different dtypes"
+    return h, prefix, act
 
 
-class FuseSwigluQuant(Pass):
-    name = "fuse-swiglu-quant"
-    why = "SwiGLU (after an optional prefix) and its row-wise FP8 quantization in one kernel: the input is read once"
+class FuseActivationQuant(Pass):
+    name = "fuse-activation-quant"
+    why = ("an activation (SwiGLU, GELU-tanh; after an optional prefix) and its row-wise FP8 quantization in one "
+           "kernel: the input is read once")
     contract = Contract.exact()
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for gemm, (h, prefix) in accepted_matches(graph, aten._scaled_mm.default, match, ctx, RULE):
+        for gemm in list(graph.nodes):
+            if gemm.target is not aten._scaled_mm.default:
+                continue
+            found = match(gemm)
+            if found is None:
+                continue
+            if isinstance(found, str):
+                ctx.decline("activation-quant", gemm, found)
+                continue
+            h, prefix, act = found
+            if not ctx.fire(RULES[act], gemm):
+                continue
             with graph.inserting_before(gemm):
-                fused = graph.call_function(torch.ops.kopt.swiglu_quant.default, (h, prefix))
+                fused = graph.call_function(torch.ops.kopt.activation_quant.default, (h, prefix, act))
                 q = graph.call_function(operator.getitem, (fused, 0))
                 scale = graph.call_function(operator.getitem, (fused, 1))
             for node in (fused, q, scale):
-                stamp(node, pass_name=self.name, rule=RULE)
+                stamp(node, pass_name=self.name, rule=RULES[act])
             old_q, old_scale = gemm.args[0], gemm.args[2]
             gemm.replace_input_with(old_q, q)
             gemm.replace_input_with(old_scale, scale)
