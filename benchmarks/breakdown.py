@@ -29,7 +29,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gemm", ("triton_tem_",)),
     ("norm_elementwise", ("triton_",)),
     # kopt's own Triton kernels (kernels/*.py: "_<name>_kernel"; kopt/codegen: "kopt_gen_*")
-    ("norm_elementwise", ("adaln_modulation", "gated_residual", "qk_norm_rope", "gelu_tanh", "swiglu", "kopt_")),
+    ("norm_elementwise", ("adaln_modulation", "gated_residual", "qk_norm_rope", "gelu_tanh", "swiglu",
+                          "activation_quant", "kopt_")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
     ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "f8f8bf16",
               "splitkreduce", "dot_kernel", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",

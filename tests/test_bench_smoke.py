@@ -87,6 +87,7 @@ def test_results_carry_breakdown_flops_and_kopt_report(tiny_results: dict) -> No
     ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "copies"),
     ("void at::native::CatArrayBatchedCopy<>", "copies"), ("Memcpy DtoD (Device -> Device)", "copies"),
     ("_gated_residual_kernel", "norm_elementwise"), ("_qk_norm_rope_kernel", "norm_elementwise"),
+    ("_activation_quant_kernel", "norm_elementwise"),
     ("some_unknown_kernel", "other"),
 ])
 def test_kernel_names_are_classified(name: str, category: str) -> None:
