@@ -19,34 +19,40 @@ PassSpec = str | Pass | Sequence[str | Pass]
 
 
 def default_pipeline() -> list[Pass]:
-    """The passes ``"auto"`` runs, in order."""
-    return [
-        RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
-        SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
-        BiasAbsorption(),  # after the merge: merged GEMMs keep their bias when a split follows them
-        BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
-    ]
-
-
-def opt_in_passes() -> list[Pass]:
-    """Built-in passes not in ``"auto"`` yet: correct and tested, not yet measured to pay on a GPU.
-    Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
-    from kopt.passes.codegen_fuse import CodegenFuse
-    from kopt.passes.fp8_linear import Fp8Linear
-
-    # in this order: fuse-gated-residual consumes fuse-adaln's ops; the joint attention input
-    # joins the per-stream ops fuse-qk-norm-rope made (the real form emits its joint op itself);
-    # codegen-fuse after the hand-written fusions, so it only generates kernels for the elementwise
-    # regions they left. fp8-linear (default Fp8Config) is usually added by kopt.compile(fp8=...).
-    from kopt.passes.fuse_activation_quant import FuseActivationQuant
+    """The passes ``"auto"`` runs, in order (each measured on the H200: benchmarks/results/NOTES.md)."""
     from kopt.passes.fuse_adaln import FuseAdaLN
     from kopt.passes.fuse_gated_residual import FuseGatedResidual
     from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
     from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
     from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
 
-    return [FuseAdaLN(), FuseGatedResidual(), FuseQKNormRope(), FuseQKNormRopeReal(), FuseJointAttentionInput(),
-            CodegenFuse(), Fp8Linear(), FuseActivationQuant()]
+    return [
+        RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
+        SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
+        BiasAbsorption(),  # after the merge: merged GEMMs keep their bias when a split follows them
+        FuseAdaLN(),  # after bias absorption: the absorbed bias adds are part of the regions it matches
+        FuseGatedResidual(),  # consumes fuse-adaln's ops (residual + gate feeding the next adaLN)
+        FuseQKNormRope(),  # complex RoPE (Qwen-Image), one op per stream
+        FuseQKNormRopeReal(),  # real RoPE (FLUX.2), emits the joint op itself for concatenated streams
+        FuseJointAttentionInput(),  # joins fuse-qk-norm-rope's per-stream ops into the attention buffer
+        BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
+    ]
+
+
+# Kernel fusions whose output a bf16 op produces for an FP8 GEMM: until their kernels emit FP8
+# directly, Inductor's own norm + quantize fusion reads the value once less, so fp8=... drops them.
+_BF16_PRODUCERS = ("fuse-adaln", "fuse-gated-residual")
+
+
+def opt_in_passes() -> list[Pass]:
+    """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
+    (codegen-fuse), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``).
+    Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
+    from kopt.passes.codegen_fuse import CodegenFuse
+    from kopt.passes.fp8_linear import Fp8Linear
+    from kopt.passes.fuse_activation_quant import FuseActivationQuant
+
+    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
@@ -54,13 +60,14 @@ def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
     With row-wise scales the producer fusions that emit FP8 directly follow it
-    (``fuse-activation-quant``)."""
+    (``fuse-activation-quant``); the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``)
+    are dropped, since their outputs would reach the FP8 GEMMs through a separate quantize."""
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
 
     fp8 = Fp8Linear(config)
     producers = [] if Granularity(config.granularity) is not Granularity.ROW else [FuseActivationQuant()]
-    passes = [p for p in passes if p.name not in {q.name for q in producers}]
+    passes = [p for p in passes if p.name not in {q.name for q in producers} | set(_BF16_PRODUCERS)]
     names = [p.name for p in passes]
     if fp8.name in names:
         at = names.index(fp8.name)
