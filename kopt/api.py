@@ -37,7 +37,8 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
     if fp8:
         if fp8 is not True and not isinstance(fp8, Fp8Config):
             raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
-        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8)
+        from_auto = passes == "auto" or (isinstance(passes, (list, tuple)) and "auto" in passes)
+        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, drop_bf16_producers=from_auto)
     options = CompileOptions.from_environment(
         lower=_enum(Lowering, lower, "lower"),
         verify=verify,

@@ -245,3 +245,16 @@ def test_activation_read_elsewhere_is_a_near_miss():
     (record,) = compiled.kopt_report.pass_records("fuse-activation-quant")
     assert record.total_matches == 0
     assert [m.reason for m in record.near_misses] == ["the SwiGLU output is read elsewhere: it would be computed twice"]
+
+
+def test_explicitly_named_norm_fusions_are_kept_under_fp8():
+    """fp8=... drops fuse-adaln / fuse-gated-residual only from "auto"; named ones stay (and fire)."""
+    workload = get_workload("flux2")
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    passes = ["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln", "staging"]
+    compiled = kopt.compile(model, passes=passes, fp8=Fp8Config(min_features=16), lower="eager")
+    with torch.no_grad():
+        compiled(**workload.inputs("tiny", seed=4, dtype=torch.bfloat16))
+    names = [p.name for p in compiled.kopt_report.graphs[0].passes]
+    assert "fuse-adaln" in names and compiled.kopt_report.matches("fuse-adaln") > 0

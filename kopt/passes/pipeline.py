@@ -55,19 +55,22 @@ def opt_in_passes() -> list[Pass]:
     return [CodegenFuse(), Fp8Linear(), FuseActivationQuant()]
 
 
-def with_fp8(passes: list[Pass], config: Fp8Config) -> list[Pass]:
+def with_fp8(passes: list[Pass], config: Fp8Config, drop_bf16_producers: bool = True) -> list[Pass]:
     """``passes`` with an :class:`Fp8Linear` for ``config``: in place of an ``fp8-linear`` already
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
     With row-wise scales the producer fusions that emit FP8 directly follow it
-    (``fuse-activation-quant``); the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``)
-    are dropped, since their outputs would reach the FP8 GEMMs through a separate quantize."""
+    (``fuse-activation-quant``). With ``drop_bf16_producers`` (``kopt.compile`` sets it when the
+    passes come from ``"auto"``) the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``)
+    are dropped, since their outputs would reach the FP8 GEMMs through a separate quantize; passes
+    the caller named explicitly are kept."""
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
 
     fp8 = Fp8Linear(config)
     producers = [] if Granularity(config.granularity) is not Granularity.ROW else [FuseActivationQuant()]
-    passes = [p for p in passes if p.name not in {q.name for q in producers} | set(_BF16_PRODUCERS)]
+    dropped = set(_BF16_PRODUCERS) if drop_bf16_producers else set()
+    passes = [p for p in passes if p.name not in {q.name for q in producers} | dropped]
     names = [p.name for p in passes]
     if fp8.name in names:
         at = names.index(fp8.name)
