@@ -41,6 +41,7 @@ from kopt.kernels import (  # noqa: E402
     _autotune,
     activation_quant,
     adaln_modulation,
+    adaln_modulation_quant,
     gated_residual,
     gelu_tanh,
     joint_qk_norm_rope,
@@ -117,6 +118,9 @@ def cases(size: str, device: torch.device) -> list[Case]:
     return [
         Case("adaln_modulation", f"x (1, {tokens}, {width})", adaln_inputs,
              lambda a: _out(a, adaln_modulation.reference(*a)), adaln_modulation.launch, adaln_modulation.reference),
+        Case("adaln_modulation_quant", f"x (1, {tokens}, {width}) -> fp8", adaln_inputs,
+             lambda a: _out(a, adaln_modulation_quant.reference(*a)), adaln_modulation_quant.launch,
+             adaln_modulation_quant.reference),
         Case("gated_residual", f"r, y (1, {tokens}, {width})", gated_inputs,
              lambda a: _out(a, gated_residual.reference(*a)), gated_residual.launch, gated_residual.reference),
         Case("qk_norm_rope", f"q (1, {seq}, {heads}, {head_dim}) complex RoPE", rope_inputs,

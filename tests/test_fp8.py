@@ -258,3 +258,42 @@ def test_explicitly_named_norm_fusions_are_kept_under_fp8():
         compiled(**workload.inputs("tiny", seed=4, dtype=torch.bfloat16))
     names = [p.name for p in compiled.kopt_report.graphs[0].passes]
     assert "fuse-adaln" in names and compiled.kopt_report.matches("fuse-adaln") > 0
+
+
+@pytest.mark.parametrize("name, matches", [("flux2", 6), ("qwen-image", 8)])
+def test_adaln_emits_fp8_when_named_and_changes_nothing(name, matches):
+    """fuse-adaln + fuse-adaln-quant under fp8=...: every adaLN feeding an FP8 GEMM writes FP8 itself."""
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    config = Fp8Config(min_features=16, gate=TINY_GATE)
+    passes = ["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln", "staging"]
+    fused = kopt.compile(model, passes=[*passes[:4], "fuse-adaln-quant", "staging"], fp8=config, lower="eager")
+    plain = kopt.compile(model, passes=passes, fp8=config, lower="eager")
+    inputs = workload.inputs("tiny", seed=23, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fused(**inputs)[0], plain(**inputs)[0])
+    assert fused.kopt_report.matches("fuse-adaln-quant") == matches
+
+
+def test_adaln_output_read_elsewhere_is_a_near_miss():
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(32, elementwise_affine=False, eps=1e-6)
+            self.proj = torch.nn.Linear(32, 64)
+
+        def forward(self, x, scale, shift):
+            m = self.norm(x) * (1 + scale[:, None]) + shift[:, None]
+            return self.proj(m), m.sum()
+
+    passes = ["fuse-adaln", "fuse-adaln-quant"]
+    compiled = kopt.compile(Block(), passes=passes, fp8=Fp8Config(min_features=16), lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(2, 5, 32), torch.randn(2, 32), torch.randn(2, 32))
+    report = compiled.kopt_report
+    assert report.matches("fuse-adaln") == 1
+    (record,) = report.pass_records("fuse-adaln-quant")
+    assert record.total_matches == 0
+    reasons = [m.reason for m in record.near_misses]
+    assert reasons == ["the bf16 adaLN output is read elsewhere: it must still be written"]

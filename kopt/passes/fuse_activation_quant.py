@@ -38,7 +38,7 @@ def _is(node: object, target: object) -> bool:
     return isinstance(node, torch.fx.Node) and node.target is target
 
 
-def _row_quantization(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | str:
+def row_quantization(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | str:
     """(the bf16 activation, the float32 copy) if ``gemm``'s A operand and scale are fp8-linear's
     row-wise quantization of one activation, else why not."""
     q, scale = gemm.args[0], gemm.args[2]
@@ -103,7 +103,7 @@ def _gelu_tanh(node: torch.fx.Node) -> torch.fx.Node | str:
 def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None, str] | str | None:
     """(h, prefix, act) for an FP8 GEMM whose A operand is a row-quantized [prefix ++] activation, or
     why not; None for FP8 GEMMs whose activation is neither a product nor a GELU (not candidates)."""
-    found = _row_quantization(gemm)
+    found = row_quantization(gemm)
     if isinstance(found, str):
         return found
     activation, _ = found

@@ -51,8 +51,9 @@ def opt_in_passes() -> list[Pass]:
     from kopt.passes.codegen_fuse import CodegenFuse
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
+    from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
 
-    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant()]
+    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config, drop_bf16_producers: bool = True) -> list[Pass]:
@@ -78,7 +79,8 @@ def with_fp8(passes: list[Pass], config: Fp8Config, drop_bf16_producers: bool = 
     if "sibling-merge" in names:
         at = names.index("sibling-merge") + 1
     else:
-        later = [names.index(n) for n in ("bias-absorption", "staging") if n in names]
+        later = [names.index(n) for n in ("bias-absorption", "fuse-adaln", "fuse-adaln-quant", "staging")
+                 if n in names]
         at = min(later) if later else len(passes)
     return [*passes[:at], fp8, *producers, *passes[at:]]
 
