@@ -43,6 +43,7 @@ from kopt.kernels import (  # noqa: E402
     adaln_modulation,
     adaln_modulation_quant,
     gated_residual,
+    gated_residual_quant,
     gelu_tanh,
     joint_qk_norm_rope,
     qk_norm_rope,
@@ -123,6 +124,9 @@ def cases(size: str, device: torch.device) -> list[Case]:
              adaln_modulation_quant.reference),
         Case("gated_residual", f"r, y (1, {tokens}, {width})", gated_inputs,
              lambda a: _out(a, gated_residual.reference(*a)), gated_residual.launch, gated_residual.reference),
+        Case("gated_residual_quant", f"r, y (1, {tokens}, {width}) -> r_new, fp8", gated_inputs,
+             lambda a: _out(a, gated_residual_quant.reference(*a)), gated_residual_quant.launch,
+             gated_residual_quant.reference),
         Case("qk_norm_rope", f"q (1, {seq}, {heads}, {head_dim}) complex RoPE", rope_inputs,
              lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
         Case("qk_norm_rope", f"q (1, {tokens + (512 if full else 3)}, {2 * heads}, {head_dim}) real RoPE",
@@ -177,9 +181,10 @@ def copy_tbs(device: torch.device) -> float | None:
 
 
 def _dequantized(value: Any) -> Any:
-    """(fp8 values, scales) → their float32 product; anything else unchanged."""
-    if isinstance(value, tuple) and len(value) == 2 and value[0].dtype == torch.float8_e4m3fn:
-        return value[0].float() * value[1]
+    """(…, fp8 values, scales) → (…, their float32 product); anything else unchanged."""
+    if isinstance(value, tuple) and len(value) >= 2 and value[-2].dtype == torch.float8_e4m3fn:
+        deq = value[-2].float() * value[-1]
+        return deq if len(value) == 2 else (*value[:-2], deq)
     return value
 
 

@@ -116,6 +116,11 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-graph-only": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "staging"]),
     # auto plus FP8 linears (rowwise, weights quantized at compile time; Inductor fuses the activation quant)
     "kopt-fp8": dict(passes="auto", fp8=Fp8Config()),
+    # FP8 with every producer fusion: the norm kernels write FP8 themselves (not measured yet)
+    "kopt-fp8-fused": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln",
+                                   "fuse-gated-residual", "fuse-adaln-quant", "fuse-qk-norm-rope",
+                                   "fuse-qk-norm-rope-real", "fuse-joint-attention-input", "staging"],
+                           fp8=Fp8Config()),
 }
 
 
