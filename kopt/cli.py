@@ -13,7 +13,7 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     print('passes="auto", in order:')
     for position, rewrite in enumerate(default_pipeline(), 1):
         print(f"{position}. {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
-    print("\nopt-in (name them in passes=[...]; not yet measured to pay on a GPU):")
+    print("\nopt-in (name them in passes=[...]; fp8=... adds fp8-linear and fuse-activation-quant):")
     for rewrite in opt_in_passes():
         print(f"- {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
     return 0
