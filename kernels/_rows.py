@@ -107,3 +107,28 @@ def modulate_rows(normed, scale, shift):
 def one_batch(b: int, s: int, config: Config) -> bool:
     """Whether every program's rows lie in one batch, so modulation vectors load once per program."""
     return b == 1 or s % config["ROWS_PER_PROGRAM"] == 0
+
+
+@triton.jit
+def store_fp8_rows(y, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM: tl.constexpr):
+    """Row-wise FP8 of a float32 [R, BLOCK_N] tile, as kopt.fp8.quantize (ROW) defines it: one scale
+    ``max(amax(|row|), 1e-12) / 448`` per row (stored at ``s_ptr + row``), values clamped to ±448."""
+    y = tl.where(mask, y, 0.0)
+    row_scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / 448.0
+    q = tl.minimum(tl.maximum(y / row_scale[:, None], -448.0), 448.0)
+    tl.store(q_ptr + offsets, q.to(q_ptr.dtype.element_ty), mask=mask)
+    rows = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    tl.store(s_ptr + rows, row_scale, mask=rows < n_rows)
+
+
+@triton.jit
+def gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask, stride_gate_b, N, eps):
+    """``r + gate * y`` for a tile, rounded to the residual dtype and stored (the residual stream eager
+    keeps), and the LayerNorm of that rounded value (what eager's next norm reads), in float32."""
+    r = tl.load(r_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    g = load_modulation(gate_ptr, stride_gate_b, batch, cols, mod_mask)
+    r_new = (r + g * y).to(r_out_ptr.dtype.element_ty)
+    tl.store(r_out_ptr + offsets, r_new, mask=mask)
+    return layer_norm_rows(r_new.to(tl.float32), mask, N, eps)
+

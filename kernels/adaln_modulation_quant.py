@@ -33,6 +33,7 @@ from kopt.kernels._rows import (
     one_batch,
     row_candidates,
     row_tile,
+    store_fp8_rows,
 )
 
 __all__ = ["adaln_modulation_quant", "launch", "reference"]
@@ -61,12 +62,7 @@ def _adaln_modulation_quant_kernel(x_ptr, scale_ptr, shift_ptr, weight_ptr, q_pt
     scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
     shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
     y = modulate_rows(normed, scale, shift).to(x_ptr.dtype.element_ty).to(tl.float32)  # the graph's rounding
-    y = tl.where(mask, y, 0.0)
-    row_scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(y / row_scale[:, None], -448.0), 448.0)
-    tl.store(q_ptr + offsets, q.to(q_ptr.dtype.element_ty), mask=mask)
-    rows = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-    tl.store(s_ptr + rows, row_scale, mask=rows < n_rows)
+    store_fp8_rows(y, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM)
 
 
 def launch(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None = None,

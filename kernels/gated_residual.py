@@ -30,7 +30,7 @@ from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._rows import (
     DTYPES,
-    layer_norm_rows,
+    gated_residual_rows,
     load_modulation,
     modulate_rows,
     modulation_rows,
@@ -84,14 +84,8 @@ def _gated_residual_kernel(
 ):
     # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) inputs; per-row reductions on axis 1.
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
-    r = tl.load(r_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    g = load_modulation(gate_ptr, stride_gate_b, batch, cols, mod_mask)
-    r_new = (r + g * y).to(r_out_ptr.dtype.element_ty)
-    tl.store(r_out_ptr + offsets, r_new, mask=mask)
-
-    # Normalize the rounded residual (what eager's next norm reads).
-    normed = layer_norm_rows(r_new.to(tl.float32), mask, N, eps)
+    normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
+                                 stride_gate_b, N, eps)
     scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
     shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
     m = modulate_rows(normed, scale, shift)

@@ -28,13 +28,14 @@ from kopt.kernels import gated_residual as _bf16
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._rows import (
     DTYPES,
-    layer_norm_rows,
+    gated_residual_rows,
     load_modulation,
     modulate_rows,
     modulation_rows,
     one_batch,
     row_candidates,
     row_tile,
+    store_fp8_rows,
 )
 
 __all__ = ["gated_residual_quant", "launch", "reference"]
@@ -53,21 +54,12 @@ def _gated_residual_quant_kernel(r_ptr, y_ptr, gate_ptr, scale_ptr, shift_ptr, r
                                  N, stride_gate_b, stride_scale_b, stride_shift_b, eps, ONE_BATCH: tl.constexpr,
                                  ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr):
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
-    r = tl.load(r_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    g = load_modulation(gate_ptr, stride_gate_b, batch, cols, mod_mask)
-    r_new = (r + g * y).to(r_out_ptr.dtype.element_ty)
-    tl.store(r_out_ptr + offsets, r_new, mask=mask)
-    normed = layer_norm_rows(r_new.to(tl.float32), mask, N, eps)
+    normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
+                                 stride_gate_b, N, eps)
     scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
     shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
     m = modulate_rows(normed, scale, shift).to(r_out_ptr.dtype.element_ty).to(tl.float32)  # the bf16 op's m
-    m = tl.where(mask, m, 0.0)
-    row_scale = tl.maximum(tl.max(tl.abs(m), axis=1), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(m / row_scale[:, None], -448.0), 448.0)
-    tl.store(q_ptr + offsets, q.to(q_ptr.dtype.element_ty), mask=mask)
-    rows = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-    tl.store(s_ptr + rows, row_scale, mask=rows < n_rows)
+    store_fp8_rows(m, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM)
 
 
 def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
