@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
+from kopt.fp8.config import Granularity
+from kopt.fp8.quantize import FP8, quantize
 
 __all__ = ["ACTIVATIONS", "activation_quant", "launch", "reference"]
 ACTIVATIONS = ("swiglu", "gelu_tanh")
@@ -55,9 +56,7 @@ def reference(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "s
     y = activate(h, act)
     if prefix is not None:
         y = torch.cat([prefix, y], dim=-1)
-    y = y.reshape(-1, y.shape[-1]).float()
-    scale = y.abs().amax(dim=-1, keepdim=True).clamp(min=MIN_AMAX) / FP8_MAX
-    return (y / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    return quantize(y.reshape(-1, y.shape[-1]), Granularity.ROW)
 
 
 @triton.jit

@@ -12,6 +12,15 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 PROVENANCE = "kopt_provenance"
 
 
+# Ops that only reinterpret a tensor's shape (same elements, same order): a matcher looks through them.
+RESHAPES = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default})
+
+
+def is_reshape(node: object) -> bool:
+    """A view/_unsafe_view/reshape node (the value behind it, reshaped)."""
+    return isinstance(node, torch.fx.Node) and node.target in RESHAPES
+
+
 def op_name(node: torch.fx.Node) -> str:
     """A short stable name for what a node computes (``aten.mm``, ``getitem``, ``placeholder``)."""
     if node.op != "call_function":

@@ -119,12 +119,14 @@ Found = TypeVar("Found")
 
 
 def accepted_matches(graph: torch.fx.Graph, target: object, match: Callable[[torch.fx.Node], Found | str | None],
-                     ctx: PassContext, rule: str) -> Iterator[tuple[torch.fx.Node, Found]]:
+                     ctx: PassContext, rule: str,
+                     rule_of: Callable[[Found], str] | None = None) -> Iterator[tuple[torch.fx.Node, Found]]:
     """Each node calling ``target`` whose ``match`` succeeds and for which fuel remains.
 
     ``match`` returns what the rewrite needs, a string (the reason to decline, recorded as a near
-    miss), or None (not a candidate at all: nothing recorded). Iterates over a snapshot, so the
-    caller may rewrite the graph as it goes."""
+    miss under ``rule``), or None (not a candidate at all: nothing recorded). ``rule_of`` names the
+    rule a successful match fires under, for passes with several rules (default: ``rule``).
+    Iterates over a snapshot, so the caller may rewrite the graph as it goes."""
     for node in list(graph.nodes):
         if node.target is not target or getattr(node, "_erased", False):  # erased by an earlier rewrite
             continue
@@ -133,7 +135,7 @@ def accepted_matches(graph: torch.fx.Graph, target: object, match: Callable[[tor
             continue
         if isinstance(found, str):
             ctx.decline(rule, node, found)
-        elif ctx.fire(rule, node):
+        elif ctx.fire(rule_of(found) if rule_of else rule, node):
             yield node, found
 
 

@@ -17,20 +17,19 @@ import torch
 
 from kopt.fx.binding_time import is_view
 from kopt.fx.constants import constant_value, transposed_constant
-from kopt.fx.graph_utils import op_name, replace, stamp
+from kopt.fx.graph_utils import RESHAPES, op_name, replace, stamp
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULE = "bias-into-epilogue"
 _NORMS = {aten.native_layer_norm.default, aten.native_group_norm.default, aten.mean.dim}
-_RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 
 
 def consumers(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The first non-reshape nodes reading ``node``'s value."""
     found = []
     for user in node.users:
-        if user.target in _RESHAPES:
+        if user.target in RESHAPES:
             found.extend(consumers(user))
         else:
             found.append(user)

@@ -24,13 +24,12 @@ import operator
 import torch
 
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
-from kopt.fx.graph_utils import meta_value, only_user, stamp
+from kopt.fx.graph_utils import RESHAPES, meta_value, only_user, stamp
 from kopt.kernels import activation_quant as _registers_the_op  # noqa: F401  (torch.ops.kopt.activation_quant)
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
 aten = torch.ops.aten
 RULES = {"swiglu": "swiglu-quant", "gelu_tanh": "gelu-tanh-quant"}
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _END = 2**62
 
 
@@ -107,7 +106,7 @@ def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None, str
     if isinstance(found, str):
         return found
     activation, _ = found
-    source = activation.args[0] if activation.target in _VIEWS else activation
+    source = activation.args[0] if activation.target in RESHAPES else activation
     if only_user(source) is None and source is not activation:
         return "the activation before its 2-D view is read elsewhere"
     prefix = None
@@ -137,18 +136,8 @@ class FuseActivationQuant(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for gemm in list(graph.nodes):
-            if gemm.target is not aten._scaled_mm.default:
-                continue
-            found = match(gemm)
-            if found is None:
-                continue
-            if isinstance(found, str):
-                ctx.decline("activation-quant", gemm, found)
-                continue
-            h, prefix, act = found
-            if not ctx.fire(RULES[act], gemm):
-                continue
+        for gemm, (h, prefix, act) in accepted_matches(graph, aten._scaled_mm.default, match, ctx, "activation-quant",
+                                                       rule_of=lambda found: RULES[found[2]]):
             with graph.inserting_before(gemm):
                 fused = graph.call_function(torch.ops.kopt.activation_quant.default, (h, prefix, act))
                 q = graph.call_function(operator.getitem, (fused, 0))

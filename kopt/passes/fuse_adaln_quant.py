@@ -23,18 +23,17 @@ import operator
 
 import torch
 
-from kopt.fx.graph_utils import stamp
+from kopt.fx.graph_utils import RESHAPES, stamp
 from kopt.kernels import adaln_modulation as _registers_bf16  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.kernels import adaln_modulation_quant as _registers_the_op  # noqa: F401
 from kopt.kernels import gated_residual as _registers_gated  # noqa: F401  (torch.ops.kopt.gated_residual)
 from kopt.kernels import gated_residual_quant as _registers_gated_quant  # noqa: F401
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 from kopt.passes.fuse_activation_quant import row_quantization
 
 aten = torch.ops.aten
 RULE = "adaln-quant"
 GATED_RULE = "gated-residual-quant"
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def match(gemm: torch.fx.Node) -> tuple[str, torch.fx.Node] | str | None:
@@ -44,7 +43,7 @@ def match(gemm: torch.fx.Node) -> tuple[str, torch.fx.Node] | str | None:
     if isinstance(found, str):
         return None
     activation, _ = found
-    source = activation.args[0] if activation.target in _VIEWS else activation
+    source = activation.args[0] if activation.target in RESHAPES else activation
     if source is not activation and len(activation.users) != 1:
         return "the 2-D view of the modulated value is read elsewhere"
     if isinstance(source, torch.fx.Node) and source.target is torch.ops.kopt.adaln_modulation.default:
@@ -66,16 +65,8 @@ class FuseAdaLNQuant(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for gemm in list(graph.nodes):
-            found = match(gemm) if gemm.target is aten._scaled_mm.default else None
-            if found is None:
-                continue
-            if isinstance(found, str):
-                ctx.decline(RULE, gemm, found)
-                continue
-            rule, op = found
-            if not ctx.fire(rule, gemm):
-                continue
+        for gemm, (rule, op) in accepted_matches(graph, aten._scaled_mm.default, match, ctx, RULE,
+                                                 rule_of=lambda found: found[0]):
             quantized = (torch.ops.kopt.adaln_modulation_quant.default if rule == RULE
                          else torch.ops.kopt.gated_residual_quant.default)
             first = 0 if rule == RULE else 1  # gated_residual_quant returns (r_new, q, s)

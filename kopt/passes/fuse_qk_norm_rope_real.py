@@ -25,16 +25,15 @@ import operator
 
 import torch
 
-from kopt.fx.graph_utils import meta_value, only_user, replace
+from kopt.fx.graph_utils import RESHAPES, meta_value, only_user, replace
 from kopt.kernels import joint_qk_norm_rope as _registers_joint  # noqa: F401  (torch.ops.kopt.qk_norm_rope_joint)
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 from kopt.passes.rms_norm_match import is_cast, rms_norm, through_casts
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope-real"
 JOINT_RULE = "joint-qk-norm-rope-real"
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _is_last(dim: object, ndim: int) -> bool:
@@ -61,7 +60,7 @@ def _rotated_source(stack: torch.fx.Node) -> torch.fx.Node | str:
         return "the halves are not elements 0 and 1 of one unbind"
     pairs = unbind.args[0]
     pairs_val = meta_value(pairs)
-    if not (isinstance(pairs, torch.fx.Node) and pairs.target in _VIEWS and pairs_val is not None
+    if not (isinstance(pairs, torch.fx.Node) and pairs.target in RESHAPES and pairs_val is not None
             and _is_last(unbind.args[1] if len(unbind.args) > 1 else 0, pairs_val.dim()) and pairs_val.shape[-1] == 2):
         return "unbind is not of a (..., D/2, 2) view of the normalized value"
     return pairs.args[0]
@@ -105,7 +104,7 @@ def match(stack: torch.fx.Node) -> tuple | str:
         return "the rotated value is not (B, S, H, D)"
     _, s, _, d = n_val.shape
     rotated = only_user(stack)
-    if rotated is None or rotated.target not in _VIEWS or tuple(meta_value(rotated).shape) != tuple(n_val.shape):
+    if rotated is None or rotated.target not in RESHAPES or tuple(meta_value(rotated).shape) != tuple(n_val.shape):
         return "the stacked halves are not viewed back to (B, S, H, D)"
     rotated_cast = only_user(rotated)
     while rotated_cast is not None and is_cast(rotated_cast):
@@ -176,17 +175,12 @@ class FuseQKNormRopeReal(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for stack in list(graph.nodes):
-            if stack.target is not aten.stack.default or getattr(stack, "_erased", False):
-                continue
-            found = match(stack)
-            if isinstance(found, str):
-                ctx.decline(RULE, stack, found)
-                continue
-            rule = JOINT_RULE if len(found[0]) > 1 else RULE
-            if not ctx.fire(rule, stack):
-                continue
-            segments, cos, sin, result = found
+        def rule_of(found: tuple) -> str:
+            return JOINT_RULE if len(found[0]) > 1 else RULE
+
+        for _, (segments, cos, sin, result) in accepted_matches(graph, aten.stack.default, match, ctx, RULE,
+                                                                rule_of=rule_of):
+            rule = rule_of((segments,))
             with graph.inserting_before(result):
                 cos32, sin32 = _float_table(graph, cos), _float_table(graph, sin)
                 if len(segments) == 1:

@@ -11,7 +11,7 @@ from kopt.fp8.quantize import FP8
 from kopt.kernels import gated_residual_quant as mod
 from kopt.kernels._rows import row_candidates
 from tests.conftest import rel_err
-from tests.kernels.test_adaln_modulation_quant import _check
+from tests.kernels.fp8_checks import assert_fp8_matches
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -32,7 +32,7 @@ def test_every_launch_config_matches_the_spec(dtype):
         r_new, q, scales = mod.launch(*args, config=config)
         assert q.dtype == FP8 and q.shape == (10, 40) and scales.shape == (10, 1) and r_new.shape == (2, 5, 40)
         assert rel_err(r_new, r_ref) < (1e-6 if dtype == torch.float32 else 1e-2)
-        _check(q, scales, q_ref, s_ref, exact=dtype == torch.float32)
+        assert_fp8_matches(q, scales, q_ref, s_ref, exact=dtype == torch.float32)
 
 
 def test_fake_implementation_shapes():
