@@ -14,6 +14,14 @@ source benchmarks/gpu_setup.sh
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 [ "$#" -le "$GPUS" ] || { echo "$# jobs but only $GPUS GPUs" >&2; exit 2; }
 
+# SM clock and power of every card every 0.5 s (benchmarks/clocks.py reads it against the logs)
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader \
+        -lms 500 > "$OUT/smi.csv" 2>&1 &
+    smi=$!
+    trap 'kill $smi 2>/dev/null' EXIT
+fi
+
 pids=()
 i=0
 for job in "$@"; do
