@@ -114,13 +114,17 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
                                "fuse-joint-attention-input", "staging"]),
     # the pipeline before the kernel fusions joined "auto" (issue 4's ablation baseline)
     "kopt-graph-only": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "staging"]),
-    # auto plus FP8 linears (rowwise, weights quantized at compile time; Inductor fuses the activation quant)
+    # kernel by kernel, without CUDA-graph replay (the default since kopt.cuda_graphs)
+    "kopt-no-graphs": dict(passes="auto", cuda_graphs=False),
+    # auto plus row-wise FP8 linears: weights quantized at compile time, every producer emitting FP8
     "kopt-fp8": dict(passes="auto", fp8=Fp8Config()),
-    # FP8 with every producer fusion: the norm kernels write FP8 themselves (not measured yet)
-    "kopt-fp8-fused": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln",
-                                   "fuse-gated-residual", "fuse-adaln-quant", "fuse-qk-norm-rope",
-                                   "fuse-qk-norm-rope-real", "fuse-joint-attention-input", "staging"],
-                           fp8=Fp8Config()),
+    "kopt-fp8-no-graphs": dict(passes="auto", fp8=Fp8Config(), cuda_graphs=False),
+    # the FP8 configuration measured at 79efcc0: bf16 norm fusions left out, Inductor fuses norm + quantize
+    "kopt-fp8-inductor-norms": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope",
+                                            "fuse-qk-norm-rope-real", "fuse-joint-attention-input", "staging"],
+                                    fp8=Fp8Config()),
+    # DeepSeek-V3 block scales: 1x128 activation slices, 128x128 weight tiles (cuBLAS block-scaled GEMM)
+    "kopt-fp8-block": dict(passes="auto", fp8=Fp8Config(granularity="block-128x128")),
 }
 
 

@@ -13,7 +13,9 @@ with ``act`` one of
 Unfused (Inductor on the quantized graph) this is one kernel computing the row amax and a second
 one recomputing y and writing q, so the bf16 input (340 MB per FLUX.2 single-stream block, 100 MB
 per Qwen-Image feed-forward) is read twice from DRAM. Here one program owns one row and makes both
-passes over it back to back, so the second read of the row comes from L2.
+passes over it back to back, so the second read of the row can come from L2 — if few enough rows are
+in flight for their inputs to stay there (73 KB per FLUX.2 row). How many are in flight is set by
+the launch config (BLOCK columns per step, num_warps), which is autotuned per shape.
 
 Numerics equal the unfused graph's: each activation step is rounded to h.dtype as the bf16 graph
 rounds it (silu, then the product; gelu), then quantized exactly like
@@ -26,7 +28,9 @@ Bytes moved (memory floor): read ``M * (P + W) * e`` (W = 2F for SwiGLU, F for G
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -34,8 +38,10 @@ import triton.language as tl
 
 from kopt.fp8.config import Granularity
 from kopt.fp8.quantize import FP8, quantize
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 
-__all__ = ["ACTIVATIONS", "activation_quant", "launch", "reference"]
+__all__ = ["ACTIVATIONS", "activation_quant", "candidates", "launch", "reference"]
 ACTIVATIONS = ("swiglu", "gelu_tanh")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -109,15 +115,41 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
         tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=offs < F)
 
 
+DEFAULT_CONFIG: Config = {"BLOCK": 1024, "num_warps": 4}
+_BLOCKS = (1024, 2048, 4096)
+_WARPS = (4, 8, 16)
+
+
+@functools.cache
+def _candidates(width: int) -> tuple[Config, ...]:
+    out = [dict(DEFAULT_CONFIG)]
+    for block in _BLOCKS:
+        if block > max(width, 1024):
+            break
+        for warps in _WARPS:
+            config = {"BLOCK": block, "num_warps": warps}
+            if 4 <= block // (32 * warps) <= 32 and config not in out:
+                out.append(config)
+    return tuple(out)
+
+
+def candidates(width: int) -> list[Config]:
+    """Launch configs for rows of ``width`` outputs (a power-of-two bucket): the old fixed config
+    first, then every (BLOCK, num_warps) with 4..32 elements per thread and BLOCK <= max(width, 1024).
+    Bigger programs keep fewer rows in flight, so that the second pass reads them from L2."""
+    return [dict(c) for c in _candidates(pow2_bucket(width))]
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """(M, width) view with unit last-dim stride (a copy only if the last dim is strided)."""
     t = t.reshape(-1, t.shape[-1])
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swiglu", block: int = 1024,
-           num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the kernel: (q (M, P + F) float8_e4m3fn, scale (M, 1) float32), M = rows of h."""
+def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swiglu", *,
+           config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the kernel: (q (M, P + F) float8_e4m3fn, scale (M, 1) float32), M = rows of h.
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if act not in ACTIVATIONS:
         raise ValueError(f"activation_quant: activation must be one of {ACTIVATIONS}, got {act!r}")
     if h.dtype not in _DTYPES or (act == "swiglu" and h.shape[-1] % 2):
@@ -135,12 +167,25 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
         p = prefix.shape[1]
     q = torch.empty((m, p + f), dtype=FP8, device=h.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=h.device)
-    if m:
+    if not m:
+        return q, scale
+
+    def run(cfg: Config, q_out: torch.Tensor, scale_out: torch.Tensor) -> None:
+        block = cfg["BLOCK"]
         _activation_quant_kernel[(m,)](
-            prefix if prefix is not None else h2, h2, q, scale, p, f,
-            prefix.stride(0) if prefix is not None else 0, h2.stride(0), q.stride(0),
+            prefix if prefix is not None else h2, h2, q_out, scale_out, p, f,
+            prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0),
             HAS_PREFIX=prefix is not None, IS_SWIGLU=act == "swiglu", BLOCK=block,
-            P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), num_warps=num_warps)
+            P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), num_warps=cfg["num_warps"])
+
+    def on_scratch() -> Callable[[Config], None]:
+        q_scratch, scale_scratch = torch.empty_like(q), torch.empty_like(scale)
+        return lambda cfg: run(cfg, q_scratch, scale_scratch)
+
+    if config is None:
+        key = shape_key(rows=pow2_bucket(m), prefix=p, width=f, act=act, dtype=h.dtype)
+        config = _autotune.choose("activation_quant", key, candidates(p + f), on_scratch, h.device)
+    run(config, q, scale)
     return q, scale
 
 

@@ -32,13 +32,14 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  roles: Mapping[str, Role | str] | None = None,
                  on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
                  trace: str | Path | None = None, fuel: int | None = None,
-                 memo_entries: int = 2, fp8: Fp8Config | bool | None = None) -> KoptBackend:
+                 memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
+                 cuda_graphs: bool | None = None) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
     if fp8:
         if fp8 is not True and not isinstance(fp8, Fp8Config):
             raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
         from_auto = passes == "auto" or (isinstance(passes, (list, tuple)) and "auto" in passes)
-        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, drop_bf16_producers=from_auto)
+        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, from_auto=from_auto)
     options = CompileOptions.from_environment(
         lower=_enum(Lowering, lower, "lower"),
         verify=verify,
@@ -48,6 +49,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
         trace_dir=Path(trace) if trace is not None else None,
         fuel=fuel,
         memo_entries=memo_entries,
+        cuda_graphs=cuda_graphs,
     )
     return KoptBackend(passes, options)
 
@@ -107,7 +109,7 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = False,
-            fp8: Fp8Config | bool | None = None) -> KoptModule:
+            fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None) -> KoptModule:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -129,11 +131,14 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
         fp8: a :class:`kopt.fp8.Fp8Config` (or ``True`` for the defaults): linears with constant
             weights become FP8 GEMMs, weights quantized once at compile time; ``verify=True``
             checks the result against the config's quality gate.
+        cuda_graphs: replay each compiled graph from a CUDA graph (one launch per call instead of
+            one per kernel; outputs are returned as fresh tensors). None (default): on for
+            ``lower="inductor"`` when the inputs are CUDA tensors; ``False`` launches kernel by kernel.
 
     Returns:
         A :class:`KoptModule`; compilation happens at the first call.
     """
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, trace=trace, fuel=fuel,
-                           memo_entries=memo_entries, fp8=fp8)
+                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs)
     return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic)

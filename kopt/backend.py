@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kopt.config import CompileOptions, Lowering, WeightChange
+from kopt.cuda_graphs import CudaGraphRunner
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
@@ -63,6 +64,7 @@ class CompiledGraph:
                               for r in roles]
         self.report.passes, self.report.verification, self.report.fallback = [], [], None
         self.report.memo = None
+        self.report.cuda_graphs = None
         self.captured: CapturedGraph | None = None
         self._signature: list[tuple[int, int, int]] = []
         start = time.perf_counter()
@@ -92,19 +94,29 @@ class CompiledGraph:
         options, graph_module = self.backend.options, rewritten.graph_module
         frontier = graph_module.meta.get(HOIST_KEY)
         if not frontier:
-            return lower(graph_module, user_args, options.lower)
+            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return lower(graph_module, user_args, options.lower)
+            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
         keys = [user_args[i] for i in split.key_positions]
         with torch.no_grad():
             hoisted = list(split.invariant(*keys))
         invariant = lower(split.invariant, keys, options.lower)
-        main = lower(split.main, user_args + hoisted, options.lower)
+        main = self._replayed(lower(split.main, user_args + hoisted, options.lower), user_args + hoisted)
         self.report.memo = MemoStats()
         return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)
+
+    def _replayed(self, lowered: Callable[..., Any], inputs: list[Any]) -> Callable[..., Any]:
+        """``lowered`` behind a :class:`CudaGraphRunner` when the options ask for it and the inputs
+        are on a GPU (the per-step stage only: the step-invariant one runs once per timestep)."""
+        on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+        if not (self.backend.options.use_cuda_graphs and on_gpu):
+            return lowered
+        runner = CudaGraphRunner(lowered)
+        self.report.cuda_graphs = runner.stats
+        return runner
 
     def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole]) -> CapturedGraph | None:
         options = self.backend.options

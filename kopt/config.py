@@ -50,6 +50,8 @@ class CompileOptions:
         fuel: apply only the first N rewrites (``KOPT_FUEL``), to bisect a numerics bug to one rewrite.
         memo_entries: how many step-invariant results (one per distinct timestep/guidance value) to
             keep; 2 covers a CFG pair plus the step before.
+        cuda_graphs: replay the lowered graph from CUDA graphs (:mod:`kopt.cuda_graphs`) when its
+            inputs are CUDA tensors; None (default) means yes for ``lower="inductor"``.
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -60,6 +62,12 @@ class CompileOptions:
     trace_dir: Path | None = None
     fuel: int | None = None
     memo_entries: int = 2
+    cuda_graphs: bool | None = None
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Whether lowered graphs with CUDA inputs are replayed from CUDA graphs."""
+        return self.lower is Lowering.INDUCTOR if self.cuda_graphs is None else self.cuda_graphs
 
     @staticmethod
     def from_environment(**overrides: object) -> CompileOptions:

@@ -46,6 +46,7 @@ class GraphReport:
     verification: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     weight_refreshes: int = 0
     memo: Any = None  # kopt.fx.staged_program.MemoStats of the step-invariant stage, live
+    cuda_graphs: Any = None  # kopt.cuda_graphs.CudaGraphStats of the per-step stage, live (None: not used)
 
 
 @dataclasses.dataclass
@@ -119,6 +120,8 @@ def render(report: Report, max_near_misses: int = 5) -> str:
         if graph.memo is not None:
             lines.append(f"  step-invariant memo: {graph.memo.hits} hits, {graph.memo.misses} misses, "
                          f"{graph.memo.evictions} evictions")
+        if graph.cuda_graphs is not None:
+            lines.append(f"  {graph.cuda_graphs.describe()}")
         if graph.weight_refreshes:
             lines.append(f"  recompiled {graph.weight_refreshes}× after weights changed")
     return "\n".join(lines)

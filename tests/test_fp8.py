@@ -20,6 +20,7 @@ from kopt.fp8 import (
     quantize,
     scan_sensitivity,
 )
+from kopt.fp8.quantize import Operand
 from kopt.passes.fp8_linear import Fp8Linear
 from kopt.workloads import get_workload
 from tests.conftest import rel_err
@@ -29,10 +30,10 @@ TINY_GATE = QualityGate(min_cosine=0.99, min_sqnr_db=18.0)  # tiny random models
 
 
 class Mlp(torch.nn.Module):
-    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, width: int = 64) -> None:
         super().__init__()
-        self.up = torch.nn.Linear(64, 128)
-        self.down = torch.nn.Linear(128, 32, bias=False)
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width // 2, bias=False)
         self.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,15 +43,14 @@ class Mlp(torch.nn.Module):
 def simulated(mlp: Mlp, x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     """The FP8 model by hand: fake-quantized inputs and weights, float32 accumulation."""
     def linear(layer, inputs):
-        out = fake_quantize(inputs, granularity).float() @ fake_quantize(layer.weight, granularity).float().T
+        weight = fake_quantize(layer.weight, granularity, Operand.WEIGHT)
+        out = fake_quantize(inputs, granularity).float() @ weight.float().T
         return (out + layer.bias.float() if layer.bias is not None else out).to(inputs.dtype)
     flat = x.reshape(-1, x.shape[-1])
     return linear(mlp.down, torch.nn.functional.gelu(linear(mlp.up, flat))).reshape(*x.shape[:-1], -1)
 
 
-def test_block_granularities_are_refused_clearly():
-    with pytest.raises(NotImplementedError, match="block-1x128"):
-        Fp8Config(granularity="block-1x128")
+def test_invalid_configs_are_refused_clearly():
     with pytest.raises(ValueError):
         Fp8Config(granularity="per-something")
     with pytest.raises(ValueError, match="min_features"):
@@ -76,19 +76,40 @@ def test_quantization_error_is_bounded_and_scales_have_the_granularity_shape(gra
     assert rel_err(fake_quantize(x[:1], granularity), x[:1]) < 0.07
 
 
+@pytest.mark.parametrize("granularity", ["block-1x128", "block-128x128"])
+def test_block_scales_follow_the_magnitude_along_both_dims(granularity):
+    """Rows and 128-wide column slices of very different magnitude: one scale per block keeps every
+    block accurate, where one scale per row loses the small slices of each row."""
+    granularity = Granularity(granularity)
+    x = torch.randn(130, 384) * torch.logspace(-2, 2, 130)[:, None]
+    x[:, 128:256] *= 1e-5  # below e4m3's normal range when sharing a scale with the rest of the row
+    q, scale = quantize(x, granularity)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (130, 3)
+    _, weight_scale = quantize(x, granularity, Operand.WEIGHT)
+    assert weight_scale.shape == ((130, 3) if granularity is Granularity.BLOCK_1X128 else (2, 3))
+    for candidate in (fake_quantize(x, granularity), fake_quantize(x, granularity, Operand.WEIGHT)):
+        assert candidate.shape == x.shape
+    small = fake_quantize(x, granularity)[:, 128:256]
+    assert rel_err(small, x[:, 128:256]) < 0.07
+    assert rel_err(fake_quantize(x, Granularity.ROW)[:, 128:256], x[:, 128:256]) > 0.2
+    with pytest.raises(ValueError, match="divide by 128"):
+        quantize(torch.randn(4, 100), granularity)
+
+
 def test_an_all_zero_row_quantizes_without_nan():
     x = torch.randn(4, 32)
     x[2] = 0
     assert torch.isfinite(fake_quantize(x, Granularity.ROW)).all() and fake_quantize(x, Granularity.ROW)[2].eq(0).all()
 
 
-@pytest.mark.parametrize("granularity", ["row", "tensor"])
+@pytest.mark.parametrize("granularity", ["row", "tensor", "block-1x128", "block-128x128"])
 def test_pass_computes_the_fake_quantized_model_with_weights_quantized_at_compile_time(granularity):
     torch.manual_seed(0)
-    mlp = Mlp()
+    width = 256 if granularity.startswith("block") else 64  # blocks need 128-divisible features
+    mlp = Mlp(width=width)
     config = Fp8Config(granularity=granularity, min_features=16)
     compiled = kopt.compile(mlp, passes=[], fp8=config, lower="eager")
-    x = torch.randn(3, 5, 64) * 2 + 0.5
+    x = torch.randn(3, 5, width) * 2 + 0.5
     with torch.no_grad():
         out = compiled(x)
         assert rel_err(out, simulated(mlp, x, Granularity(granularity))) < 1e-5
@@ -117,6 +138,42 @@ def test_graph_has_fp8_gemms_and_no_per_call_weight_quantization():
     assert seen["fp8_constants"] == [torch.float8_e4m3fn, torch.float8_e4m3fn]
 
 
+def test_block_granularity_uses_the_block_scaled_gemm_and_declines_unaligned_layers():
+    seen = {}
+
+    def spy(graph_module, ctx):
+        seen["targets"] = [n.target for n in graph_module.graph.nodes]
+
+    config = Fp8Config(granularity="block-128x128", min_features=16)
+    passes = [Fp8Linear(config), kopt.FunctionPass("spy", "look", kopt.Contract.exact(), spy)]
+    compiled = kopt.compile(Mlp(torch.bfloat16, width=256), passes=passes, lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 256).bfloat16())
+    assert seen["targets"].count(torch.ops.kopt.fp8_block_mm.default) == 2
+    assert aten._scaled_mm.default not in seen["targets"]
+    compiled = kopt.compile(Mlp(width=64), passes=[], fp8=config, lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 64))
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    assert record.total_matches == 0
+    assert all("divisible by 128" in m.reason for m in record.near_misses)
+
+
+def test_block_gemm_op_computes_the_dequantized_product_with_its_bias():
+    from kopt.fp8.block_mm import reference
+
+    x, w, bias = torch.randn(70, 256), torch.randn(384, 256) / 16, torch.randn(384)
+    for granularity, rows in ((Granularity.BLOCK_1X128, 1), (Granularity.BLOCK_128X128, 128)):
+        qx, sx = quantize(x, granularity)
+        qw, sw = quantize(w, granularity, Operand.WEIGHT)
+        out = torch.ops.kopt.fp8_block_mm(qx, sx, qw, sw, bias.bfloat16(), torch.bfloat16, rows)
+        exact = fake_quantize(x, granularity).double() @ fake_quantize(w, granularity, Operand.WEIGHT).double().T
+        assert out.dtype == torch.bfloat16 and out.shape == (70, 384)
+        assert rel_err(out, exact + bias.bfloat16().double()) < 1e-2
+        assert rel_err(out, x.double() @ w.double().T + bias.double()) < 0.07
+        assert torch.equal(out, reference(qx, sx, qw, sw, bias.bfloat16(), torch.bfloat16))
+
+
 def test_skipped_and_small_layers_stay_bf16_with_reasons():
     mlp = Mlp()
     compiled = kopt.compile(mlp, passes=[], fp8=Fp8Config(min_features=16, skip=("down.*",)), lower="eager")
@@ -135,8 +192,8 @@ def test_skipped_and_small_layers_stay_bf16_with_reasons():
 
 @pytest.mark.parametrize("name, merged_matches", [("qwen-image", 18), ("flux2", 15)])
 def test_tiny_dits_pass_the_gate_with_merged_siblings_quantized_once(name, merged_matches):
-    """fp8=... on "auto": FP8 linears after sibling-merge, the bf16 norm fusions dropped (their
-    outputs would reach the FP8 GEMMs through a separate quantize), the attention-side fusions kept."""
+    """fp8=... on "auto": FP8 linears after sibling-merge, the norm fusions kept and made to emit FP8
+    (fuse-adaln-quant right after them), the attention-side fusions kept."""
     workload = get_workload(name)
     torch.manual_seed(0)
     model = workload.model("tiny", dtype=torch.bfloat16)
@@ -152,7 +209,8 @@ def test_tiny_dits_pass_the_gate_with_merged_siblings_quantized_once(name, merge
     names = [p.name for p in report.graphs[0].passes]
     assert names.index("sibling-merge") < names.index("fp8-linear") < names.index("bias-absorption")
     assert names.index("fp8-linear") + 1 == names.index("fuse-activation-quant")
-    assert "fuse-adaln" not in names and "fuse-gated-residual" not in names and "fuse-joint-attention-input" in names
+    assert names.index("fuse-gated-residual") + 1 == names.index("fuse-adaln-quant")
+    assert report.matches("fuse-adaln-quant") > 0 and "fuse-joint-attention-input" in names
 
 
 def test_skipping_one_merged_sibling_keeps_its_whole_group_in_bf16():
@@ -248,7 +306,8 @@ def test_activation_read_elsewhere_is_a_near_miss():
 
 
 def test_explicitly_named_norm_fusions_are_kept_under_fp8():
-    """fp8=... drops fuse-adaln / fuse-gated-residual only from "auto"; named ones stay (and fire)."""
+    """A pass list the caller wrote is kept as written under fp8=...: the named norm fusion stays
+    (and fires), and no fuse-adaln-quant is added to it."""
     workload = get_workload("flux2")
     torch.manual_seed(0)
     model = workload.model("tiny", dtype=torch.bfloat16)
@@ -258,6 +317,20 @@ def test_explicitly_named_norm_fusions_are_kept_under_fp8():
         compiled(**workload.inputs("tiny", seed=4, dtype=torch.bfloat16))
     names = [p.name for p in compiled.kopt_report.graphs[0].passes]
     assert "fuse-adaln" in names and compiled.kopt_report.matches("fuse-adaln") > 0
+    assert "fuse-adaln-quant" not in names
+
+
+def test_auto_pipeline_per_granularity():
+    """Row scales: every producer with an FP8-emitting kernel gets it. Block scales have none, so
+    the bf16 norm fusions leave the pipeline and Inductor fuses norm and quantize instead."""
+    from kopt.passes.pipeline import resolve, with_fp8
+
+    row = [p.name for p in with_fp8(resolve("auto"), Fp8Config(), from_auto=True)]
+    assert row.index("sibling-merge") + 1 == row.index("fp8-linear") == row.index("fuse-activation-quant") - 1
+    assert row.index("fuse-gated-residual") + 1 == row.index("fuse-adaln-quant") < row.index("staging")
+    block = [p.name for p in with_fp8(resolve("auto"), Fp8Config(granularity="block-128x128"), from_auto=True)]
+    assert "fp8-linear" in block and "fuse-qk-norm-rope" in block
+    assert not {"fuse-adaln", "fuse-gated-residual", "fuse-activation-quant", "fuse-adaln-quant"} & set(block)
 
 
 @pytest.mark.parametrize("name, matches", [("flux2", {"adaln-quant": 4, "gated-residual-quant": 2}),

@@ -12,11 +12,11 @@ class Granularity(enum.Enum):
 
     TENSOR = "tensor"  # one scale per weight, one per activation tensor
     ROW = "row"  # one per weight output channel, one per activation row (token): Hopper's rowwise GEMM
-    BLOCK_1X128 = "block-1x128"  # one per 1×128 activation tile / 128×128 weight tile (not implemented)
-    BLOCK_128X128 = "block-128x128"
+    BLOCK_1X128 = "block-1x128"  # one per 1×128 slice of an activation row and of a weight row
+    BLOCK_128X128 = "block-128x128"  # 1×128 activation slices, 128×128 weight tiles (DeepSeek-V3)
 
 
-IMPLEMENTED = (Granularity.TENSOR, Granularity.ROW)
+IMPLEMENTED = tuple(Granularity)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.fp8.quality import Quality, measure
-from kopt.fp8.quantize import fake_quantize
+from kopt.fp8.quantize import Operand, fake_quantize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ def scan_sensitivity(model: torch.nn.Module, inputs: Mapping[str, Any], config: 
             hook = linear.register_forward_pre_hook(
                 lambda _module, args: (fake_quantize(args[0], granularity), *args[1:]))
             try:
-                linear.weight.data = fake_quantize(original, granularity)
+                linear.weight.data = fake_quantize(original, granularity, Operand.WEIGHT)
                 quality = measure(output(model(**inputs)), reference, config.gate)
             finally:
                 linear.weight.data = original

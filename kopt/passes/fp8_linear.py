@@ -1,14 +1,18 @@
 """FP8 linears: ``x @ W.T (+ b)`` with constant ``W`` becomes one FP8 GEMM, ``W`` quantized once.
 
     y = addmm(b, x, W.T)
-  → y = _scaled_mm(quant(x), W8.T, scale_x, scale_W, bias=b, out_dtype=x.dtype)
+  → y = _scaled_mm(quant(x), W8.T, scale_x, scale_W, bias=b, out_dtype=x.dtype)       (tensor, row)
+  → y = kopt.fp8_block_mm(quant(x), scale_x, W8, scale_W, b, x.dtype)                 (block granularities)
 
 ``W8`` and ``scale_W`` are computed here, at compile time, from the frozen weight (the same
 constant folding the staging pass does, done by this pass so that no pipeline order can leave a
 weight quantized per call); a merged sibling weight is quantized once as a whole, and the bf16
 copy sibling-merge made is dropped. The activation is quantized on every call, per row (token) or
 per tensor: those few elementwise ops and one row reduction are what Inductor fuses into the
-producer's kernel. The bias rides in the GEMM epilogue, so no standalone bias add remains.
+producer's kernel. The bias rides in the GEMM epilogue, so no standalone bias add remains (the
+block-scaled GEMM has no bias epilogue: there the add follows it). Block granularities scale each
+1×128 slice of an activation row, and each 1×128 or 128×128 weight tile (:mod:`kopt.fp8.block_mm`);
+their weight scale grids are put in the memory order the GPU's GEMM reads, here, once.
 
 Valid because ``_scaled_mm`` computes ``(q_x * scale_x) @ (q_W * scale_W).T + b`` with float32
 accumulation, i.e. the linear on the quantized values; the loss is the quantization error itself,
@@ -20,8 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from kopt.fp8 import block_mm
 from kopt.fp8.config import Fp8Config, Granularity
-from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX, quantize
+from kopt.fp8.quantize import BLOCK, FP8, FP8_MAX, MIN_AMAX, Operand, block_shape, quantize
 from kopt.fx.constants import add_constant, constant_value, drop_unused_constants, weight_of, weight_paths
 from kopt.fx.graph_utils import meta_value, replace, stamp
 from kopt.passes.base import Contract, Pass, PassContext
@@ -60,6 +65,9 @@ def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
         return "not a floating-point linear"
     if value.shape[1] % 16 or value.shape[0] % 16:
         return f"{tuple(value.shape)} weight: FP8 GEMMs need both dims divisible by 16"
+    if block_shape(Granularity(config.granularity), Operand.WEIGHT) and (value.shape[1] % BLOCK
+                                                                         or value.shape[0] % BLOCK):
+        return f"{tuple(value.shape)} weight: block-scaled GEMMs need both dims divisible by {BLOCK}"
     return weight
 
 
@@ -68,6 +76,8 @@ def _quantize_activation(graph: torch.fx.Graph, x: torch.fx.Node, granularity: G
     """Nodes for :func:`kopt.fp8.quantize.quantize` of a per-call activation (the same math)."""
     call = graph.call_function
     xf = call(aten._to_copy.default, (x,), {"dtype": torch.float32})
+    if block_shape(granularity, Operand.ACTIVATION) is not None:
+        return _quantize_activation_blocks(graph, xf, tuple(meta_value(x).shape))
     magnitude = call(aten.abs.default, (xf,))
     if granularity is Granularity.ROW:
         amax = call(aten.amax.default, (magnitude, [-1], True))
@@ -76,6 +86,24 @@ def _quantize_activation(graph: torch.fx.Graph, x: torch.fx.Node, granularity: G
     scale = call(aten.div.Tensor, (call(aten.clamp_min.default, (amax, MIN_AMAX)), FP8_MAX))
     clamped = call(aten.clamp.default, (call(aten.div.Tensor, (xf, scale)), -FP8_MAX, FP8_MAX))
     return call(aten._to_copy.default, (clamped,), {"dtype": FP8}), scale
+
+
+def _quantize_activation_blocks(graph: torch.fx.Graph, xf: torch.fx.Node, shape: tuple[int, ...]
+                                ) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """1×128 blocks of the (M, K) float32 activation: q (M, K) and scales (M, K/128), the scales
+    computed as (K/128, M) and viewed transposed, i.e. column-major, the order Hopper's
+    block-scaled GEMM reads (so that no call re-packs them)."""
+    call = graph.call_function
+    rows, cols = shape
+    tiles = call(aten.reshape.default, (xf, [rows, cols // BLOCK, BLOCK]))
+    by_block = call(aten.permute.default, (call(aten.abs.default, (tiles,)), [1, 0, 2]))
+    amax = call(aten.amax.default, (by_block, [-1]))  # (K/128, M)
+    scale_t = call(aten.div.Tensor, (call(aten.clamp_min.default, (amax, MIN_AMAX)), FP8_MAX))
+    scale = call(aten.t.default, (scale_t,))  # (M, K/128), column-major
+    per_tile = call(aten.unsqueeze.default, (scale, -1))
+    clamped = call(aten.clamp.default, (call(aten.div.Tensor, (tiles, per_tile)), -FP8_MAX, FP8_MAX))
+    q = call(aten.reshape.default, (call(aten._to_copy.default, (clamped,), {"dtype": FP8}), [rows, cols]))
+    return q, scale
 
 
 class Fp8Linear(Pass):
@@ -105,10 +133,13 @@ class Fp8Linear(Pass):
                 continue
             if not ctx.fire(RULE, node):
                 continue
+            weight_block = block_shape(granularity, Operand.WEIGHT)
             with torch.no_grad():
-                q_weight, w_scale = quantize(constant_value(found), granularity)
+                q_weight, w_scale = quantize(constant_value(found), granularity, Operand.WEIGHT)
             if granularity is Granularity.ROW:
                 w_scale = w_scale.t().contiguous()  # (1, OUT): one scale per output column of the GEMM
+            elif weight_block is not None:
+                w_scale = block_mm.pack_weight_scale(w_scale, weight_block[0])
             q_node = add_constant(graph_module, "_kopt_fp8_weight", q_weight, node)
             scale_node = add_constant(graph_module, "_kopt_fp8_scale", w_scale, node)
             weight_bytes += q_weight.numel() + w_scale.numel() * 4
@@ -116,9 +147,14 @@ class Fp8Linear(Pass):
             out_dtype = meta_value(node).dtype
             with graph.inserting_before(node):
                 q_x, x_scale = _quantize_activation(graph, _activation(node), granularity)
-                mat2 = graph.call_function(aten.t.default, (q_node,))
-                gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node),
-                                           {"bias": bias, "out_dtype": out_dtype})
+                if weight_block is not None:
+                    mat2 = q_node
+                    gemm = graph.call_function(torch.ops.kopt.fp8_block_mm.default,
+                                               (q_x, x_scale, q_node, scale_node, bias, out_dtype, weight_block[0]))
+                else:
+                    mat2 = graph.call_function(aten.t.default, (q_node,))
+                    gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node),
+                                               {"bias": bias, "out_dtype": out_dtype})
             for new in (q_x, x_scale, mat2):
                 stamp(new, pass_name=self.name, rule=RULE)
             replace(node, gemm, pass_name=self.name, rule=RULE)

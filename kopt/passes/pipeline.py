@@ -39,8 +39,9 @@ def default_pipeline() -> list[Pass]:
     ]
 
 
-# Kernel fusions whose output a bf16 op produces for an FP8 GEMM: until their kernels emit FP8
-# directly, Inductor's own norm + quantize fusion reads the value once less, so fp8=... drops them.
+# Kernel fusions whose bf16 output feeds FP8 GEMMs. With row scales fuse-adaln-quant makes their
+# kernels emit the FP8 rows themselves; with other granularities their output would reach the GEMM
+# through a separate quantize kernel (Inductor's norm + quantize fusion reads it once less).
 _BF16_PRODUCERS = ("fuse-adaln", "fuse-gated-residual")
 
 
@@ -56,33 +57,46 @@ def opt_in_passes() -> list[Pass]:
     return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant()]
 
 
-def with_fp8(passes: list[Pass], config: Fp8Config, drop_bf16_producers: bool = True) -> list[Pass]:
+def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> list[Pass]:
     """``passes`` with an :class:`Fp8Linear` for ``config``: in place of an ``fp8-linear`` already
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
-    With row-wise scales the producer fusions that emit FP8 directly follow it
-    (``fuse-activation-quant``). With ``drop_bf16_producers`` (``kopt.compile`` sets it when the
-    passes come from ``"auto"``) the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``)
-    are dropped, since their outputs would reach the FP8 GEMMs through a separate quantize; passes
-    the caller named explicitly are kept."""
+    With row-wise scales ``fuse-activation-quant`` (SwiGLU / GELU-tanh → FP8 in one kernel) follows it.
+
+    When the passes come from ``"auto"`` (``from_auto``; ``kopt.compile`` decides), kopt also picks
+    what the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``) become: with row scales
+    ``fuse-adaln-quant`` follows them and turns their kernels into ones that write the FP8 rows
+    themselves; other granularities have no such kernels, so the norm fusions are dropped and
+    Inductor fuses norm and quantize into one kernel (a bf16 kernel would write a tensor that a
+    separate quantize reads back). A list the caller wrote is kept as written."""
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
+    from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
 
     fp8 = Fp8Linear(config)
-    producers = [] if Granularity(config.granularity) is not Granularity.ROW else [FuseActivationQuant()]
-    dropped = set(_BF16_PRODUCERS) if drop_bf16_producers else set()
-    passes = [p for p in passes if p.name not in {q.name for q in producers} | dropped]
+    row = Granularity(config.granularity) is Granularity.ROW
+    producers: list[Pass] = [FuseActivationQuant()] if row else []
+    dropped = {"fuse-activation-quant"}
+    if from_auto:
+        dropped |= {"fuse-adaln-quant"} | (set() if row else set(_BF16_PRODUCERS))
+    passes = [p for p in passes if p.name not in dropped]
     names = [p.name for p in passes]
     if fp8.name in names:
         at = names.index(fp8.name)
-        return [*passes[:at], fp8, *producers, *passes[at + 1:]]
-    if "sibling-merge" in names:
-        at = names.index("sibling-merge") + 1
+        passes = [*passes[:at], fp8, *producers, *passes[at + 1:]]
     else:
-        later = [names.index(n) for n in ("bias-absorption", "fuse-adaln", "fuse-adaln-quant", "staging")
-                 if n in names]
-        at = min(later) if later else len(passes)
-    return [*passes[:at], fp8, *producers, *passes[at:]]
+        if "sibling-merge" in names:
+            at = names.index("sibling-merge") + 1
+        else:
+            later = [names.index(n) for n in ("bias-absorption", *_BF16_PRODUCERS, "staging") if n in names]
+            at = min(later) if later else len(passes)
+        passes = [*passes[:at], fp8, *producers, *passes[at:]]
+    names = [p.name for p in passes]
+    norms = [names.index(n) for n in _BF16_PRODUCERS if n in names]
+    if from_auto and row and norms:
+        at = max(norms) + 1
+        passes = [*passes[:at], FuseAdaLNQuant(), *passes[at:]]
+    return passes
 
 
 def available_passes() -> dict[str, Pass]:

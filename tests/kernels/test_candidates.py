@@ -10,9 +10,10 @@ import zlib
 import pytest
 import torch
 
-from kopt.kernels import adaln_modulation, gated_residual, gelu_tanh, qk_norm_rope, swiglu
+from kopt.kernels import activation_quant, adaln_modulation, gated_residual, gelu_tanh, qk_norm_rope, swiglu
 from kopt.kernels._autotune import config_name
 from tests.conftest import rel_err
+from tests.kernels.fp8_checks import assert_fp8_matches
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -126,3 +127,25 @@ def test_swiglu_every_candidate(config):
     out = torch.full((2, 3, f), float("nan"), dtype=dtype)
     swiglu.launch(h, out=out, config=config)
     assert rel_err(out, swiglu.reference(h)) < TOL[dtype]
+
+
+ACTIVATION_QUANT_CONFIGS = _unique(activation_quant.candidates(6144 + 18432), activation_quant.candidates(12288),
+                                   activation_quant.candidates(100))
+
+
+def test_activation_quant_candidates_start_with_the_old_config():
+    assert ACTIVATION_QUANT_CONFIGS[0] == activation_quant.DEFAULT_CONFIG
+    assert {c["num_warps"] for c in ACTIVATION_QUANT_CONFIGS} == {4, 8, 16}
+
+
+@pytest.mark.parametrize("config", _params(ACTIVATION_QUANT_CONFIGS))
+def test_activation_quant_every_candidate(config):
+    f, p = 1500, 700  # neither divides any block: every step masks
+    g = _gen(config)
+    for act in ("swiglu", "gelu_tanh"):
+        h = (torch.randn(3, 2 * f if act == "swiglu" else f, generator=g) * 3).float()
+        prefix = torch.randn(3, p, generator=g) * 0.5
+        q, scale = activation_quant.launch(h, prefix, act, config=config)
+        q_ref, scale_ref = activation_quant.reference(h, prefix, act)
+        # not exact: over this many values the interpreter also truncates a few FP8 subnormals
+        assert_fp8_matches(q, scale, q_ref, scale_ref, exact=False)
