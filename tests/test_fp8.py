@@ -174,6 +174,47 @@ def test_block_gemm_op_computes_the_dequantized_product_with_its_bias():
         assert torch.equal(out, reference(qx, sx, qw, sw, bias.bfloat16(), torch.bfloat16))
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("granularity, rows", [(Granularity.BLOCK_1X128, 1), (Granularity.BLOCK_128X128, 128)])
+def test_gpu_block_gemm_is_correct_or_refused_per_shape(granularity, rows):
+    """cuBLAS' block-scaled GEMM against the definition; shapes it refuses are reported, never wrong."""
+    from kopt.fp8.block_mm import cuda_scale_layout, cuda_shape_check, pack_weight_scale, reference
+
+    assert not isinstance(cuda_scale_layout(0, rows), str), cuda_scale_layout(0, rows)
+    assert cuda_shape_check(0, 4096, 3072, 3072, rows) is None  # a production shape must be supported
+    for m, k, n in ((300, 512, 384), (1, 512, 256), (16, 384, 256), (4608, 6144, 1024)):
+        refused = cuda_shape_check(0, m, k, n, rows)
+        if refused is not None:
+            assert "cuBLAS" in refused
+            continue
+        x = torch.randn(m, k, device="cuda") * torch.rand(m, 1, device="cuda")
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        bias = torch.randn(n, device="cuda").bfloat16()
+        qx, sx = quantize(x, granularity)
+        qw, sw = quantize(w, granularity, Operand.WEIGHT)
+        out = torch.ops.kopt.fp8_block_mm(qx, sx, qw, pack_weight_scale(sw, rows), bias, torch.bfloat16, rows)
+        assert rel_err(out, reference(qx, sx, qw, sw, bias, torch.float32)) < 1e-2, (m, k, n)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("granularity", ["row", "block-128x128"])
+def test_gpu_pass_computes_the_fake_quantized_model(granularity):
+    torch.manual_seed(0)
+    mlp = Mlp(width=256).cuda()
+    compiled = kopt.compile(mlp, passes=[], fp8=Fp8Config(granularity=granularity, min_features=16))
+    with torch.no_grad():
+        for seed in (1, 2):
+            x = torch.randn(3, 256, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) + 0.5
+            assert rel_err(compiled(x), simulated(mlp, x, Granularity(granularity))) < 1e-2
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    assert record.matches == {"fp8-linear": 2}, record.near_misses
+
+
 def test_skipped_and_small_layers_stay_bf16_with_reasons():
     mlp = Mlp()
     compiled = kopt.compile(mlp, passes=[], fp8=Fp8Config(min_features=16, skip=("down.*",)), lower="eager")

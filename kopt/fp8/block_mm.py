@@ -9,8 +9,11 @@ On CUDA this is one cuBLAS block-scaled GEMM (``torch.nn.functional.scaled_mm`` 
 order; :func:`cuda_scale_layout` finds it once per device by checking candidate orders against the
 definition on a small product (so a torch release that changes the requirement is detected, not
 silently wrong), and :func:`pack_weight_scale` puts constant weight scales in that order at compile
-time so that no call re-packs them. Elsewhere (the CPU, or a GPU without block-scaled GEMMs, with a
-warning) the op computes the definition: dequantize in float32, matmul, add the bias.
+time so that no call re-packs them. cuBLAS does not take every shape (FLUX.2's first block-scaled
+run met CUBLAS_STATUS_NOT_SUPPORTED): :func:`cuda_shape_check` runs each (M, K, N) once at compile time
+against the definition, and the ``fp8-linear`` pass leaves a linear it refuses in bf16, saying why.
+Elsewhere (the CPU, or a GPU without block-scaled GEMMs, with a warning) the op computes the
+definition: dequantize in float32, matmul, add the bias.
 
 Valid because both paths compute ``sum_k qa[m,k]·sa[m,k//128]·qb[n,k]·sb[n//br,k//128]``, the
 linear on the dequantized values, accumulated in float32.
@@ -104,6 +107,35 @@ def cuda_scale_layout(device_index: int, weight_rows_per_scale: int) -> ScaleLay
             return layout
         errors.append(f"{layout.describe()}: runs but relative error {rel:.3g} (wrong scale order)")
     return "no scale layout works: " + "; ".join(errors)
+
+
+@functools.cache
+def cuda_shape_check(device_index: int, m: int, k: int, n: int, weight_rows_per_scale: int) -> str | None:
+    """None if this GPU's block-scaled GEMM computes an (M, K) × (N, K)ᵀ product correctly, else why not
+    (refused by cuBLAS, or a wrong result). Random operands with uneven row magnitudes, compared
+    with the dequantized float32 product; run once per shape, at compile time."""
+    from kopt.fp8.quantize import Granularity, Operand, quantize
+
+    layout = cuda_scale_layout(device_index, weight_rows_per_scale)
+    if not isinstance(layout, ScaleLayout):
+        return layout
+    device = torch.device("cuda", device_index)
+    generator = torch.Generator(device=device).manual_seed(m * 31 + k * 7 + n)
+    a = torch.randn(m, k, device=device, generator=generator) * torch.rand(m, 1, device=device, generator=generator)
+    b = torch.randn(n, k, device=device, generator=generator) * torch.rand(n, 1, device=device, generator=generator)
+    weight_granularity = Granularity.BLOCK_1X128 if weight_rows_per_scale == 1 else Granularity.BLOCK_128X128
+    qa, sa = quantize(a, Granularity.BLOCK_1X128, Operand.ACTIVATION)
+    qb, sb = quantize(b, weight_granularity, Operand.WEIGHT)
+    del a, b
+    try:
+        got = _cuda_mm(qa, sa, qb, sb, None, torch.bfloat16, layout).float()
+    except RuntimeError as error:
+        return f"cuBLAS refuses {m}×{k}×{n}: {str(error).splitlines()[0][:160]}"
+    expected = reference(qa, sa, qb, sb, None, torch.float32)
+    rel = ((got - expected).norm() / expected.norm().clamp(min=1e-30)).item()
+    if not rel < 1e-2:
+        return f"cuBLAS computes {m}×{k}×{n} wrongly here (relative error {rel:.3g})"
+    return None
 
 
 def pack_weight_scale(scale: torch.Tensor, weight_rows_per_scale: int) -> torch.Tensor:

@@ -65,9 +65,14 @@ def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
         return "not a floating-point linear"
     if value.shape[1] % 16 or value.shape[0] % 16:
         return f"{tuple(value.shape)} weight: FP8 GEMMs need both dims divisible by 16"
-    if block_shape(Granularity(config.granularity), Operand.WEIGHT) and (value.shape[1] % BLOCK
-                                                                         or value.shape[0] % BLOCK):
+    block = block_shape(Granularity(config.granularity), Operand.WEIGHT)
+    if block and (value.shape[1] % BLOCK or value.shape[0] % BLOCK):
         return f"{tuple(value.shape)} weight: block-scaled GEMMs need both dims divisible by {BLOCK}"
+    if block and value.is_cuda and x.dim() == 2:
+        refused = block_mm.cuda_shape_check(value.device.index or 0, x.shape[0], value.shape[1], value.shape[0],
+                                            block[0])
+        if refused:
+            return refused
     return weight
 
 
