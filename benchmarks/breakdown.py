@@ -30,7 +30,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("norm_elementwise", ("triton_",)),
     # kopt's own Triton kernels (kernels/*.py: "_<name>_kernel"; kopt/codegen: "kopt_gen_*")
     ("norm_elementwise", ("adaln_modulation", "gated_residual", "qk_norm_rope", "gelu_tanh", "swiglu",
-                          "activation_quant", "kopt_")),
+                          "activation_quant", "kv_quant", "kopt_")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
     ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "f8f8bf16",
               "splitkreduce", "dot_kernel", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",

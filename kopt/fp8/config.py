@@ -50,6 +50,8 @@ class Fp8Config:
         min_features: linears with fewer input or output features stay bf16 (quantizing a small
             GEMM costs more than it saves).
         gate: the quality the quantized model must keep (checked by ``verify=True``).
+        attention: also run attention in FP8 (``fp8-attention``: Q, K per row and V per key tile on
+            FP8 tensor cores). Off by default: it adds the attention's FP8 rounding to the linears'.
     """
 
     granularity: Granularity | str = Granularity.ROW
@@ -57,6 +59,7 @@ class Fp8Config:
     skip: tuple[str, ...] = ()
     min_features: int = 1024
     gate: QualityGate = QualityGate()
+    attention: bool = False
 
     def __post_init__(self) -> None:
         granularity = Granularity(self.granularity)

@@ -50,11 +50,12 @@ def opt_in_passes() -> list[Pass]:
     (codegen-fuse), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``).
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
     from kopt.passes.codegen_fuse import CodegenFuse
+    from kopt.passes.fp8_attention import Fp8Attention
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
     from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
 
-    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant()]
+    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> list[Pass]:
@@ -62,6 +63,7 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
     With row-wise scales ``fuse-activation-quant`` (SwiGLU / GELU-tanh → FP8 in one kernel) follows it.
+    ``Fp8Config(attention=True)`` adds ``fp8-attention`` just before ``staging``.
 
     When the passes come from ``"auto"`` (``from_auto``; ``kopt.compile`` decides), kopt also picks
     what the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``) become: with row scales
@@ -96,6 +98,13 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
     if from_auto and row and norms:
         at = max(norms) + 1
         passes = [*passes[:at], FuseAdaLNQuant(), *passes[at:]]
+    if config.attention:
+        from kopt.passes.fp8_attention import Fp8Attention
+
+        passes = [p for p in passes if p.name != "fp8-attention"]
+        names = [p.name for p in passes]
+        at = names.index("staging") if "staging" in names else len(passes)  # staging names nodes: run before it
+        passes = [*passes[:at], Fp8Attention(config), *passes[at:]]
     return passes
 
 

@@ -1,0 +1,245 @@
+"""Attention with FP8 tensor-core products: ``softmax(Q Kᵀ · scale + bias) V``, non-causal.
+
+    K, V  → FP8 once per call (:func:`quantize_kv`): K with one scale per key (row), V with one
+            scale per tile of BLOCK_N keys, V written transposed (keys contiguous), the layout
+            Hopper's FP8 tensor cores take for the second product;
+    Q     → FP8 per query row, inside the attention kernel (each Q tile is loaded once);
+    S     = (q8 · k8ᵀ) ⊙ (s_q s_kᵀ) · scale + bias        exact rescaling of the FP8 product (rank one)
+    P     = exp(S − running max)  ∈ [0, 1], multiplied by 448 and rounded to FP8 for P · V
+    O     = Σ (p8 · v8) · s_v / 448 / Σ P                  online softmax (FlashAttention's recurrence)
+
+Why: the DiT's attention runs bf16 tensor-core products (~510 TFLOP/s in cuDNN at FLUX.2's shape on
+the lent H200), and FP8 products have twice bf16's peak rate. The per-row scales of Q and K keep
+the logits' relative error at FP8's own (~2⁻⁴ per element, averaging over the head dim);
+``bias`` is an additive key mask (B, S_k), e.g. Qwen-Image's 0 / −inf text padding.
+
+The contract is ``quality`` (the FP8 gate): :func:`reference` is the same quantization of Q, K
+and V followed by exact float32 attention; the kernel additionally rounds P to FP8.
+
+FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D·e, write half of it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+
+__all__ = ["candidates", "fp8_attention", "launch", "quantize_kv", "reference"]
+
+HEAD_DIMS = (32, 64, 128)
+SPEC_BLOCK_N = 128  # the V tile of the spec (the kernel's tile is its BLOCK_N)
+_LOG2E = 1.4426950408889634  # log2(e)
+
+
+# ----------------------------------------------------------------------------- reference (spec)
+def _rows_scaled(x: torch.Tensor) -> torch.Tensor:
+    """x rounded through FP8 with one scale per last-dim row (float32 result)."""
+    xf = x.float()
+    scale = xf.abs().amax(-1, keepdim=True).clamp(min=MIN_AMAX) / FP8_MAX
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
+
+
+def _tiles_scaled(v: torch.Tensor, block_n: int) -> torch.Tensor:
+    """v (B, H, S, D) rounded through FP8 with one scale per tile of ``block_n`` keys."""
+    b, h, s, d = v.shape
+    padded = -(-s // block_n) * block_n
+    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, padded - s)).reshape(b, h, padded // block_n, block_n * d)
+    return _rows_scaled(vf).reshape(b, h, padded, d)[:, :, :s]
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+              scale: float | None = None, block_n: int = SPEC_BLOCK_N) -> torch.Tensor:
+    """Spec: Q, K per row and V per ``block_n``-key tile through FP8, then float32 attention."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = _rows_scaled(q) @ _rows_scaled(k).transpose(-1, -2) * scale
+    if bias is not None:
+        logits = logits + bias.float()[:, None, None, :]
+    return (torch.softmax(logits, dim=-1) @ _tiles_scaled(v, block_n)).to(q.dtype)
+
+
+# ----------------------------------------------------------------------------- Triton kernels
+@triton.jit
+def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp,
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
+    chunk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    valid = offs_n[:, None] < S_k
+    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
+                mask=valid, other=0.0).to(tl.float32)
+    ks = tl.maximum(tl.max(tl.abs(k), axis=1), 1e-12) / 448.0
+    k8 = tl.minimum(tl.maximum(k / ks[:, None], -448.0), 448.0)
+    tl.store(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :], k8.to(k8_ptr.dtype.element_ty))
+    tl.store(ks_ptr + bh * S_kp + offs_n, ks)
+    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                mask=valid, other=0.0).to(tl.float32)
+    vs = tl.maximum(tl.max(tl.max(tl.abs(v), axis=1), axis=0), 1e-12) / 448.0
+    v8 = tl.minimum(tl.maximum(v / vs, -448.0), 448.0)
+    tl.store(v8t_ptr + bh * D * S_kp + offs_d[None, :] * S_kp + offs_n[:, None], v8.to(v8t_ptr.dtype.element_ty))
+    tl.store(vs_ptr + bh * N_CHUNKS + chunk, vs)
+
+
+@triton.jit
+def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
+                          qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
+                          stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
+    # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2)
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                mask=offs_m[:, None] < S_q, other=0.0).to(tl.float32)
+    qs = tl.maximum(tl.max(tl.abs(q), axis=1), 1e-12) / 448.0
+    q8 = tl.minimum(tl.maximum(q / qs[:, None], -448.0), 448.0).to(k8_ptr.dtype.element_ty)
+    row_scale = qs * qk_scale
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for chunk in range(0, N_CHUNKS):
+        offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+        k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
+        ks = tl.load(ks_ptr + bh * S_kp + offs_n)
+        s = tl.dot(q8, tl.trans(k8)) * row_scale[:, None] * ks[None, :]
+        if HAS_BIAS:
+            key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0)
+            s += key_bias.to(tl.float32) * 1.4426950408889634  # log2(e): the bias joins base-2 logits
+        s = tl.where(offs_n[None, :] < S_k, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
+        vs = tl.load(vs_ptr + bh * N_CHUNKS + chunk)
+        pv = tl.dot((p * 448.0).to(k8_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), tl.trans(vt8))
+        acc = acc * alpha[:, None] + pv * (vs / 448.0)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
+
+
+# ----------------------------------------------------------------------------- launchers
+DEFAULT_CONFIG: Config = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+
+
+@functools.cache
+def _candidates() -> tuple[Config, ...]:
+    out = [dict(DEFAULT_CONFIG)]
+    for block_m, block_n, warps, stages in ((128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 128, 4, 3),
+                                            (128, 128, 4, 3), (64, 64, 4, 4)):
+        out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+    return tuple(out)
+
+
+def candidates() -> list[Config]:
+    """Launch configs (tile sizes, warps, software-pipeline stages); the default first."""
+    return [dict(c) for c in _candidates()]
+
+
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k8 (BH, S_kp, D), v8 transposed (BH, D, S_kp), per-key scales (BH, S_kp), per-tile V scales
+    (BH, S_kp / block_n)), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
+    b, h, s_k, d = k.shape
+    chunks = triton.cdiv(s_k, block_n)
+    s_kp = chunks * block_n
+    k8 = torch.empty((b * h, s_kp, d), dtype=FP8, device=k.device)
+    v8t = torch.empty((b * h, d, s_kp), dtype=FP8, device=k.device)
+    ks = torch.empty((b * h, s_kp), dtype=torch.float32, device=k.device)
+    vs = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
+    _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, h, s_k, s_kp, k.stride(0), k.stride(1), k.stride(2),
+                                      v.stride(0), v.stride(1), v.stride(2), D=d, BLOCK_N=block_n,
+                                      N_CHUNKS=chunks, num_warps=4)
+    return k8, v8t, ks, vs
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"fp8_attention: q, k, v must be (B, H, S, D) with equal B, H, D and equal k/v shapes, "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"fp8_attention: head dim must be one of {HEAD_DIMS}, got {q.shape[3]}")
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        raise ValueError("fp8_attention: q, k and v need a unit stride along the head dim")
+    if bias is not None and bias.shape != (q.shape[0], k.shape[2]):
+        raise ValueError(f"fp8_attention: bias must be a (B, S_k) = {(q.shape[0], k.shape[2])} key mask, "
+                         f"got {tuple(bias.shape)}")
+
+
+def empty_output(q: torch.Tensor) -> torch.Tensor:
+    """The (B, H, S, D) output laid out as (B, S, H, D), as aten's SDPA kernels return it: the
+    model's following ``transpose(1, 2).reshape(B, S, H·D)`` is then a view, not a copy."""
+    b, h, s, d = q.shape
+    return torch.empty((b, s, h, d), dtype=q.dtype, device=q.device).permute(0, 2, 1, 3)
+
+
+def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+           scale: float | None = None, *, config: Config | None = None) -> torch.Tensor:
+    """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
+    as :func:`empty_output` says."""
+    _check(q, k, v, bias)
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    scale = d ** -0.5 if scale is None else scale
+    out = empty_output(q)
+    bias = None if bias is None else bias.contiguous()
+
+    def run(cfg: Config, dst: torch.Tensor) -> None:
+        block_n = cfg["BLOCK_N"]
+        k8, v8t, ks, vs = quantize_kv(k, v, block_n)
+        chunks = vs.shape[1]
+        grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h)
+        _fp8_attention_kernel[grid](
+            q, k8, v8t, ks, vs, bias if bias is not None else ks, dst, h, s_q, s_k, k8.shape[1], scale * _LOG2E,
+            q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
+            bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    def on_scratch() -> Callable[[Config], None]:
+        scratch = empty_output(q)
+        return lambda cfg: run(cfg, scratch)
+
+    if config is None:
+        key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
+                        dtype=q.dtype)
+        config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
+    run(config, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- custom op
+@torch.library.custom_op("kopt::fp8_attention", mutates_args=())
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    """FP8 attention (B, H, S, D) → (B, H, S, D); the Triton kernels on CUDA, the spec elsewhere."""
+    if q.is_cuda:
+        return launch(q, k, v, bias, scale)
+    _check(q, k, v, bias)
+    return empty_output(q).copy_(reference(q, k, v, bias, scale))
+
+
+@fp8_attention.register_fake
+def _(q, k, v, bias, scale):
+    return empty_output(q)
+
+
+def flops(q: torch.Tensor, k: torch.Tensor) -> int:
+    """4·B·H·S_q·S_k·D: the two products."""
+    return 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+

@@ -1,0 +1,112 @@
+"""FP8 attention: a non-causal scaled-dot-product attention becomes one ``kopt::fp8_attention``.
+
+    out = sdpa(q, k, v, attn_mask=bias, scale=s)[0]          (any of aten's SDPA variants)
+  → out = kopt.fp8_attention(q, k, v, bias.reshape(B, S_k), s)
+
+The kernel (:mod:`kopt.kernels.fp8_attention`) quantizes Q and K per row and V per key tile to
+FP8 and runs both products on FP8 tensor cores, twice bf16's peak rate. Valid for attention
+without dropout or causal masking, Q/K/V of one (B, H) layout with a head dim the kernel
+supports, and a mask that is absent or an additive float key mask (B or 1, 1, 1, S_k), the form
+Qwen-Image's text padding takes; only the output is read (not the log-sum-exp). The loss is FP8
+rounding, so the contract is ``quality``: the gate of :class:`kopt.fp8.Fp8Config`. Opt-in with
+``Fp8Config(attention=True)``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx.operator_schemas import normalize_function
+
+from kopt.fp8.config import Fp8Config
+from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.kernels import fp8_attention as kernel
+from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
+
+aten = torch.ops.aten
+RULE = "fp8-attention"
+# SDPA forms a capture produces: the public op and the backend-specific ones (CPU, flash, cuDNN, mem-efficient)
+TARGETS = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+           aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
+           aten._scaled_dot_product_efficient_attention.default)
+
+
+def _arguments(node: torch.fx.Node) -> dict[str, object]:
+    normalized = normalize_function(node.target, tuple(node.args), dict(node.kwargs),
+                                    normalize_to_only_use_kwargs=True)
+    return dict(normalized.kwargs) if normalized is not None else {}
+
+
+def match(node: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
+    """(q, k, v, mask or None, the softmax scale as a node-free value) or why the attention is declined."""
+    params = _arguments(node)
+    if not params:
+        return "could not read the attention's arguments"
+    if params.get("dropout_p", 0.0):
+        return "attention with dropout"
+    if params.get("is_causal", False):
+        return "causal attention (the FP8 kernel is non-causal)"
+    if params.get("enable_gqa", False):
+        return "grouped-query attention"
+    q, k, v = (meta_value(params[name]) for name in ("query", "key", "value"))
+    if q is None or k is None or v is None or q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
+            or q.shape[3] != k.shape[3]:
+        return "not (B, H, S, D) q, k, v with equal B, H, D"
+    if q.shape[3] not in kernel.HEAD_DIMS:
+        return f"head dim {q.shape[3]} (the kernel takes {list(kernel.HEAD_DIMS)})"
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"{q.dtype} attention"
+    mask = params.get("attn_mask", params.get("attn_bias"))
+    if mask is not None:
+        value = meta_value(mask)
+        if value is None or not value.is_floating_point():
+            return "a boolean mask (the kernel takes an additive float key mask)"
+        if value.dim() != 4 or value.shape[1] != 1 or value.shape[2] != 1 or value.shape[3] != k.shape[2] \
+                or value.shape[0] not in (1, q.shape[0]):
+            return f"a {tuple(value.shape)} mask: only key masks (B or 1, 1, 1, S_k) are supported"
+    if node.target is not aten.scaled_dot_product_attention.default:
+        if any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users):
+            return "the log-sum-exp (or another secondary output) is read"
+    scale = params.get("scale")
+    return params["query"], params["key"], params["value"], mask, scale  # type: ignore[return-value]
+
+
+class Fp8Attention(Pass):
+    name = "fp8-attention"
+    why = "attention products on FP8 tensor cores (Q, K per row, V per key tile), twice bf16's peak rate"
+
+    def __init__(self, config: Fp8Config | None = None) -> None:
+        self.config = config or Fp8Config(attention=True)
+
+    @property
+    def contract(self) -> Contract:  # type: ignore[override]
+        gate = self.config.gate
+        return Contract.quality(gate.min_cosine, gate.max_rel_err)
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        graph = graph_module.graph
+        for target in TARGETS:
+            for node, (q, k, v, mask, scale) in accepted_matches(graph, target, match, ctx, RULE):
+                q_val, k_val = meta_value(q), meta_value(k)
+                batch, keys = q_val.shape[0], k_val.shape[2]
+                with graph.inserting_before(node):
+                    bias = None
+                    if mask is not None:
+                        bias = graph.call_function(aten.reshape.default, (mask, [meta_value(mask).shape[0], keys]))
+                        if meta_value(mask).shape[0] != batch:
+                            bias = graph.call_function(aten.expand.default, (bias, [batch, keys]))
+                        stamp(bias, pass_name=self.name, rule=RULE)
+                    softmax_scale = q_val.shape[3] ** -0.5 if scale is None else scale
+                    fused = graph.call_function(torch.ops.kopt.fp8_attention.default,
+                                                (q, k, v, bias, float(softmax_scale)))
+                    fused.meta["val"] = kernel.empty_output(q_val)
+                if node.target is aten.scaled_dot_product_attention.default:
+                    replace(node, fused, pass_name=self.name, rule=RULE)
+                else:
+                    for user in list(node.users):
+                        if user.args[1] == 0:
+                            replace(user, fused, pass_name=self.name, rule=RULE)
+                        graph.erase_node(user)  # the output, or an unread log-sum-exp
+                graph.erase_node(node)
+        graph.eliminate_dead_code()

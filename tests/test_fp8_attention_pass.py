@@ -1,0 +1,83 @@
+"""The fp8-attention pass: which attentions it takes (the tiny DiTs, with Qwen-Image's key mask),
+which it declines and why, where ``Fp8Config(attention=True)`` puts it, and the quality it keeps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kopt
+from kopt.fp8 import Fp8Config, QualityGate, measure
+from kopt.passes.pipeline import resolve, with_fp8
+from kopt.workloads import get_workload
+from tests.conftest import rel_err
+
+TINY_GATE = QualityGate(min_cosine=0.99, min_sqnr_db=18.0)
+
+
+@pytest.mark.parametrize("name", ["qwen-image", "flux2"])
+def test_tiny_dits_run_every_attention_in_fp8_within_the_gate(name):
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    inputs = workload.inputs("tiny", seed=31, dtype=torch.bfloat16)
+    linears_only = kopt.compile(model, fp8=Fp8Config(min_features=16, gate=TINY_GATE), lower="eager")
+    with_attention = kopt.compile(model, fp8=Fp8Config(min_features=16, gate=TINY_GATE, attention=True),
+                                  lower="eager", verify=True, strict=True)
+    with torch.no_grad():
+        reference = model(**inputs)[0]
+        out = with_attention(**inputs)[0]
+        assert measure(out, reference, TINY_GATE).passed
+        assert 0 < rel_err(out, linears_only(**inputs)[0]) < 0.05  # the attention's own FP8 rounding
+    report = with_attention.kopt_report
+    assert report.matches("fp8-attention") == 2 and report.graphs[0].fallback is None
+    names = [p.name for p in report.graphs[0].passes]
+    assert names.index("fp8-attention") + 1 == names.index("staging")
+
+
+def test_pipeline_adds_the_pass_only_when_asked():
+    assert "fp8-attention" not in [p.name for p in with_fp8(resolve("auto"), Fp8Config())]
+    names = [p.name for p in with_fp8(resolve("auto"), Fp8Config(attention=True))]
+    assert names.index("fp8-attention") + 1 == names.index("staging")
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, head_dim: int = 32, causal: bool = False, mask: str | None = None) -> None:
+        super().__init__()
+        self.head_dim, self.causal, self.mask = head_dim, causal, mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = x.view(b, s, -1, self.head_dim).transpose(1, 2).chunk(3, dim=1)
+        mask = None
+        if self.mask == "boolean keys":  # capture turns it into an additive (B, 1, 1, S) mask
+            mask = x[:, None, None, :, 0] > -1
+        elif self.mask == "full":
+            mask = x[:, None, :, :1] * x[:, None, None, :, 0]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.mark.parametrize("module, width, reason", [
+    (Attention(causal=True), 192, "causal attention"),
+    (Attention(mask="full"), 192, "only key masks"),
+    (Attention(head_dim=48), 288, "head dim 48"),
+])
+def test_declined_attentions_say_why(module, width, reason):
+    compiled = kopt.compile(module, passes=["fp8-attention"], lower="eager")
+    x = torch.randn(2, 10, width)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), module(x))
+    (record,) = compiled.kopt_report.pass_records("fp8-attention")
+    assert record.total_matches == 0
+    assert any(reason in miss.reason for miss in record.near_misses), record.near_misses
+
+
+@pytest.mark.parametrize("mask", [None, "boolean keys"])
+def test_attention_is_replaced_and_close_to_exact(mask):
+    module = Attention(mask=mask)
+    compiled = kopt.compile(module, passes=["fp8-attention"], lower="eager")
+    x = torch.randn(2, 10, 192)
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 0.1
+    assert compiled.kopt_report.matches("fp8-attention") == 1
