@@ -108,6 +108,6 @@ def test_gpu_production_shapes_every_config(config):
         out = mod.launch(q, k, v, bias, None, config=config)
         spec = mod.reference(q, k, v, bias, None, block_n=config["BLOCK_N"])
         assert rel_err(out, spec) < 0.03
-        mask = None if bias is None else bias[:, None, None, :]
+        mask = None if bias is None else bias.float()[:, None, None, :]
         exact = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
         assert rel_err(out, exact) < 0.1
