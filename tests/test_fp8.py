@@ -96,6 +96,19 @@ def test_block_scales_follow_the_magnitude_along_both_dims(granularity):
         quantize(torch.randn(4, 100), granularity)
 
 
+def test_large_tensors_are_quantized_in_row_slices_with_the_same_result(monkeypatch):
+    """130 rows (not a multiple of 128) in slices of 128: every block lies in one slice."""
+    import importlib
+
+    quantize_module = importlib.import_module("kopt.fp8.quantize")
+    x = torch.randn(130, 384) * torch.logspace(-1, 1, 130)[:, None]
+    whole = {(g, o): quantize(x, g, o) for g in Granularity for o in Operand}
+    monkeypatch.setattr(quantize_module, "CHUNK_ELEMENTS", 384 * 40)
+    for (granularity, operand), (q, scale) in whole.items():
+        q_sliced, scale_sliced = quantize(x, granularity, operand)
+        assert torch.equal(q_sliced.float(), q.float()) and torch.equal(scale_sliced, scale), (granularity, operand)
+
+
 def test_an_all_zero_row_quantizes_without_nan():
     x = torch.randn(4, 32)
     x[2] = 0
@@ -203,13 +216,15 @@ def test_gpu_block_gemm_is_correct_or_refused_per_shape(granularity, rows):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("granularity", ["row", "block-128x128"])
-def test_gpu_pass_computes_the_fake_quantized_model(granularity):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # float32: the bias is added after the GEMM
+def test_gpu_pass_computes_the_fake_quantized_model(granularity, dtype):
     torch.manual_seed(0)
-    mlp = Mlp(width=256).cuda()
+    mlp = Mlp(dtype, width=512).cuda()  # K = 512, 1024: whole groups of four 128-blocks, as cuBLAS requires
     compiled = kopt.compile(mlp, passes=[], fp8=Fp8Config(granularity=granularity, min_features=16))
     with torch.no_grad():
         for seed in (1, 2):
-            x = torch.randn(3, 256, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) + 0.5
+            g = torch.Generator("cuda").manual_seed(seed)
+            x = (torch.randn(3, 256, 512, device="cuda", generator=g) + 0.5).to(dtype)
             assert rel_err(compiled(x), simulated(mlp, x, Granularity(granularity))) < 1e-2
     (record,) = compiled.kopt_report.pass_records("fp8-linear")
     assert record.matches == {"fp8-linear": 2}, record.near_misses

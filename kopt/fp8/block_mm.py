@@ -48,7 +48,11 @@ class ScaleLayout:
 def _ordered(scale: torch.Tensor, column_major: bool) -> torch.Tensor:
     """``scale`` with the same values in the requested memory order (no copy if already so)."""
     if column_major:
-        return scale if scale.stride() == (1, scale.shape[0]) else scale.t().contiguous().t()
+        if scale.stride() == (1, scale.shape[0]):
+            return scale
+        # empty_strided, not .t().contiguous().t(): for one row, torch would keep the row-major strides
+        return torch.empty_strided(scale.shape, (1, scale.shape[0]), dtype=scale.dtype,
+                                   device=scale.device).copy_(scale)
     return scale.contiguous()
 
 

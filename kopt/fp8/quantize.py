@@ -49,12 +49,31 @@ def _cast(xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+CHUNK_ELEMENTS = 1 << 27  # rows are quantized in slices of about this many elements (512 MiB in float32)
+
+
 def quantize(x: torch.Tensor, granularity: Granularity, operand: Operand = Operand.ACTIVATION
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale) in float32: scale is 0-dim for TENSOR, (rows, 1) for ROW, and for the block
-    granularities (ceil(rows / br), cols / bc) over a 2-D ``x`` (the last row block may be short)."""
-    xf = x.float()
+    granularities (ceil(rows / br), cols / bc) over a 2-D ``x`` (the last row block may be short).
+
+    A large 2-D tensor (a merged weight: Qwen-Image's 120 modulation linears are one 6.8 G-element
+    matrix) is quantized a slice of rows at a time, so the float32 temporaries stay ~512 MiB
+    instead of several times the tensor; every group lies within one slice, so the result is the same."""
     block = block_shape(granularity, operand)
+    if granularity is not Granularity.TENSOR and x.dim() == 2 and x.numel() > CHUNK_ELEMENTS:
+        step = max(1, CHUNK_ELEMENTS // x.shape[1])
+        if block is not None:
+            step = max(block[0], step // block[0] * block[0])
+        parts = [_quantize_whole(x[start:start + step], granularity, block)
+                 for start in range(0, x.shape[0], step)]
+        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+    return _quantize_whole(x, granularity, block)
+
+
+def _quantize_whole(x: torch.Tensor, granularity: Granularity, block: tuple[int, int] | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    xf = x.float()
     if block is not None:
         return _quantize_blocks(xf, *block)
     if granularity is Granularity.ROW:
@@ -75,21 +94,22 @@ def _quantize_blocks(xf: torch.Tensor, block_rows: int, block_cols: int) -> tupl
     padded = torch.nn.functional.pad(xf, (0, 0, 0, padded_rows - rows)) if padded_rows != rows else xf
     tiles = padded.reshape(padded_rows // block_rows, block_rows, cols // block_cols, block_cols)
     scale = _scale(tiles.abs().amax(dim=(1, 3)))
-    return _cast(xf, expand_scale(scale, rows, cols)), scale
+    return _cast(xf, expand_scale(scale, rows, cols, block_rows)), scale
 
 
-def expand_scale(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+def expand_scale(scale: torch.Tensor, rows: int, cols: int, block_rows: int) -> torch.Tensor:
     """A block scale grid repeated to one scale per element of a ``rows × cols`` tensor."""
-    block_rows = -(-rows // scale.shape[0])
     block_cols = cols // scale.shape[1]
     return scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """float32 ``q * scale`` for any granularity's scale (0-dim, (rows, 1) or a block grid)."""
+    """float32 ``q * scale`` for any granularity's scale (0-dim, (rows, 1) or a block grid: one
+    scale row per row of ``q``, or per BLOCK rows)."""
     qf = q.float()
     if scale.dim() == 2 and qf.dim() == 2 and scale.shape[1] != 1 and scale.shape != qf.shape:
-        return qf * expand_scale(scale, *qf.shape)
+        block_rows = 1 if scale.shape[0] == qf.shape[0] else BLOCK
+        return qf * expand_scale(scale, *qf.shape, block_rows)
     return qf * scale
 
 

@@ -158,8 +158,12 @@ class Fp8Linear(Pass):
                                                (q_x, x_scale, q_node, scale_node, bias, out_dtype, weight_block[0]))
                 else:
                     mat2 = graph.call_function(aten.t.default, (q_node,))
+                    # torch's CUDA _scaled_mm has no bias epilogue for float32 outputs: add it after
+                    epilogue_bias = None if out_dtype == torch.float32 else bias
                     gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node),
-                                               {"bias": bias, "out_dtype": out_dtype})
+                                               {"bias": epilogue_bias, "out_dtype": out_dtype})
+                    if bias is not None and epilogue_bias is None:
+                        gemm = graph.call_function(aten.add.Tensor, (gemm, bias))
             for new in (q_x, x_scale, mat2):
                 stamp(new, pass_name=self.name, rule=RULE)
             replace(node, gemm, pass_name=self.name, rule=RULE)
