@@ -168,6 +168,11 @@ def all_variants() -> list[Variant]:
     variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
                          estimate_full_s=estimates.get(name, 200)) for name, options in KOPT_OPTIONS.items()]
     variants += [
+        # frees the module's bf16 weights that the compiled graph no longer reads: nothing can run
+        # on the model after it, so it is the only model-mutating variant of its process
+        Variant("kopt-fp8-release", "kopt fp8 with release_weights=True (peak memory)",
+                _kopt(dict(passes="auto", fp8=Fp8Config(), release_weights=True)), cfg_pair=True,
+                mutates_model=True, estimate_full_s=200),
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
                 estimate_full_s=180, aliases=("fp8",)),
@@ -178,7 +183,8 @@ def all_variants() -> list[Variant]:
 
 
 DEFAULT_FULL = ("eager", "torch.compile", "kopt", "fp8+torch.compile")
-DEFAULT_TINY = tuple(v.name for v in all_variants() if not v.name.startswith(("kopt-no-", "kopt-fused")))
+DEFAULT_TINY = tuple(v.name for v in all_variants()
+                     if not v.name.startswith(("kopt-no-", "kopt-fused", "kopt-fp8-release")))
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
@@ -202,4 +208,9 @@ def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
     if whole_model and "torch.compile-full" not in chosen:
         chosen.append("torch.compile-full")
     ordered = [known[n] for n in chosen]
+    mutating = [v.name for v in ordered if v.mutates_model]
+    if "kopt-fp8-release" in mutating and len(mutating) > 1:
+        others = [name for name in mutating if name != "kopt-fp8-release"]
+        raise SystemExit(f"kopt-fp8-release frees the model's weights: run it without {others} "
+                         "(one model-mutating variant per process)")
     return [v for v in ordered if not v.mutates_model] + [v for v in ordered if v.mutates_model]

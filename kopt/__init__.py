@@ -11,6 +11,7 @@ from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
 from kopt.passes.by_example import RewritePass, Rule
 from kopt.passes.pipeline import available_passes, default_pipeline
+from kopt.release import WeightsReleasedError
 from kopt.report import Report
 
 __version__ = "0.1.0"
@@ -18,6 +19,6 @@ __version__ = "0.1.0"
 __all__ = [
     "CompileOptions", "Contract", "ContractKind", "FunctionPass", "KoptBackend", "KoptModule",
     "Lowering", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
-    "VerificationFailed", "WeightChange", "WeightsChangedError", "available_passes", "compile",
+    "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",
     "default_pipeline", "last_backend_report", "make_backend",
 ]

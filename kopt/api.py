@@ -14,6 +14,7 @@ from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec, resolve, with_fp8
+from kopt.release import WeightsReleasedError
 from kopt.report import Report
 
 
@@ -70,9 +71,10 @@ class KoptModule(torch.nn.Module):
     """
 
     def __init__(self, module: torch.nn.Module, backend: KoptBackend, *, fullgraph: bool,
-                 dynamic: bool | None) -> None:
+                 dynamic: bool | None, release_weights: bool = False) -> None:
         super().__init__()
         self._orig_mod = module
+        object.__setattr__(self, "_kopt_release_pending", release_weights)
         backend.argument_names = _forward_argument_names(module)
         object.__setattr__(self, "_kopt_backend", backend)
         object.__setattr__(self, "_kopt_compiled",
@@ -80,12 +82,16 @@ class KoptModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self._kopt_compiled(*args, **kwargs)
+            out = self._kopt_compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             inner = getattr(error, "inner_exception", None)
-            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError)):
+            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
                 raise inner from None  # kopt's own error, not a compiler crash: show it as such
             raise
+        if self._kopt_release_pending:  # the first call compiled every graph of the forward: free what none reads
+            object.__setattr__(self, "_kopt_release_pending", False)
+            self._kopt_backend.release_unread_weights()
+        return out
 
     @property
     def kopt_report(self) -> Report:
@@ -109,7 +115,8 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = False,
-            fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None) -> KoptModule:
+            fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
+            release_weights: bool = False) -> KoptModule:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -134,6 +141,10 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
         cuda_graphs: replay each compiled graph from a CUDA graph (one launch per call instead of
             one per kernel; outputs are returned as fresh tensors). None (default): on for
             ``lower="inductor"`` when the inputs are CUDA tensors; ``False`` launches kernel by kernel.
+        release_weights: after the first call, free the storage of the module's weights that no
+            compiled graph reads (the bf16 originals of FP8-quantized or merged linears). The module
+            can then no longer run by itself, and a call that needs a new compilation (new shapes,
+            changed weights) raises :class:`kopt.WeightsReleasedError`.
 
     Returns:
         A :class:`KoptModule`; compilation happens at the first call.
@@ -141,4 +152,4 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, trace=trace, fuel=fuel,
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs)
-    return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic)
+    return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic, release_weights=release_weights)

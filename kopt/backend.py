@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kopt.config import CompileOptions, Lowering, WeightChange
+from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.cuda_graphs import CudaGraphRunner
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.roles import InputRole, classify_inputs
@@ -29,6 +29,7 @@ from kopt.passes.base import Contract, Fuel, Pass
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import PassSpec, resolve
 from kopt.passes.staging import HOIST_KEY
+from kopt.release import check_not_released, is_released, read_storages, release_unread_weights
 from kopt.report import GraphReport, Report
 from kopt.verify import compare
 
@@ -60,6 +61,8 @@ class CompiledGraph:
         placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
         roles = classify_inputs(placeholders, example_inputs, dict(options.roles),
                                 self.backend.argument_names)
+        check_not_released(example_inputs, [r.argument or r.source for r in roles])
+        self.constant_inputs = [example_inputs[r.index] for r in roles if r.role is Role.CONSTANT]
         self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
                               for r in roles]
         self.report.passes, self.report.verification, self.report.fallback = [], [], None
@@ -158,6 +161,19 @@ class CompiledGraph:
             raise VerificationFailed(self.report.fallback)
         return False
 
+    def read_storages(self) -> set[int]:
+        """Storages of the weights this graph reads: its rewritten graph's constants, or all of its
+        constant inputs when it runs the original graph."""
+        if self.captured is not None:
+            return read_storages(self.captured.graph_module)
+        return {t.untyped_storage().data_ptr() for t in self.constant_inputs
+                if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+
+    def forget_released(self) -> None:
+        """Stop checking released weights for changes (they are no longer read, and have no bytes)."""
+        self._signature = [(i, version, pointer) for i, version, pointer in self._signature
+                           if self.captured is None or not is_released(dict(self.captured.constants)[i])]
+
     def _weights_changed(self, args: Sequence[Any]) -> bool:
         for index, version, pointer in self._signature:
             tensor = args[index]
@@ -191,7 +207,19 @@ class KoptBackend:
         self.report = Report()
         self.generation = 0
         self.argument_names: tuple[str, ...] = ()  # the forward signature, to name positional inputs
+        self.compiled: list[CompiledGraph] = []
         self._breaks_before = _graph_breaks()
+
+    def release_unread_weights(self) -> int:
+        """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`)."""
+        live: set[int] = set()
+        for graph in self.compiled:
+            live |= graph.read_storages()
+        freed = release_unread_weights((t for g in self.compiled for t in g.constant_inputs), live)
+        for graph in self.compiled:
+            graph.forget_released()
+        self.report.released_bytes += freed
+        return freed
 
     def refresh(self) -> None:
         """Re-capture every compiled graph on its next call (after changing weights by hand)."""
@@ -204,7 +232,9 @@ class KoptBackend:
         self.report.graph_breaks = [f"{reason} (×{count - self._breaks_before.get(reason, 0)})"
                                     for reason, count in now.items()
                                     if count > self._breaks_before.get(reason, 0)]
-        return CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        self.compiled.append(compiled)
+        return compiled
 
 
 _ENTRY_POINT_BACKENDS: dict[str, KoptBackend] = {}  # one per distinct options, so reports accumulate

@@ -55,6 +55,7 @@ class Report:
 
     graphs: list[GraphReport] = dataclasses.field(default_factory=list)
     graph_breaks: list[str] = dataclasses.field(default_factory=list)
+    released_bytes: int = 0  # weights freed by release_weights=True (no compiled graph reads them)
 
     def pass_records(self, name: str) -> list[PassRecord]:
         return [p for g in self.graphs for p in g.passes if p.name == name]
@@ -85,6 +86,9 @@ def render(report: Report, max_near_misses: int = 5) -> str:
     lines = [f"kopt report: {len(report.graphs)} graph(s), {len(report.graph_breaks)} graph break(s)"]
     for reason in report.graph_breaks:
         lines.append(f"  graph break: {reason}")
+    if report.released_bytes:
+        lines.append(f"  released {report.released_bytes / 2**20:,.1f} MiB of module weights no compiled graph reads "
+                     "(release_weights=True)")
     for graph in report.graphs:
         lines.append(f"\ngraph {graph.index}: lowered with {graph.lowering or '?'}; capture "
                      f"{graph.capture_seconds:.2f}s, compile {graph.compile_seconds:.2f}s")

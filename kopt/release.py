@@ -1,0 +1,75 @@
+"""Release the weights a compiled model no longer reads: ``kopt.compile(..., release_weights=True)``.
+
+kopt freezes weights into the rewritten graph, and some rewrites replace them with new constants:
+``fp8-linear`` reads FP8 copies, ``sibling-merge`` concatenated ones. The user's module still holds
+the originals, so both are resident (FLUX.2 with FP8: 64 GB of bf16 weights beside 30 GB of FP8).
+After the first call has compiled every graph, :func:`release_unread_weights` frees the storage of
+each captured constant that no compiled graph reads: ``untyped_storage().resize_(0)``, which keeps
+the tensor's shape, dtype and device (dynamo's guards on the module still hold) but drops its bytes.
+
+Valid because a compiled graph only reads the constants its ``get_attr`` nodes name (or, for a
+graph that fell back to the original, all of its inputs, which are then kept). The cost is that
+the module can no longer run or be compiled again: the original forward would read empty storage,
+so a recompilation (new input shapes, changed weights, ``kopt_refresh()``) raises
+:class:`WeightsReleasedError` instead of computing garbage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from kopt.fx.constants import constant_value
+
+
+class WeightsReleasedError(RuntimeError):
+    """A recompilation needed weights that ``release_weights=True`` freed after the first compile."""
+
+
+def is_released(tensor: object) -> bool:
+    """A tensor with elements whose storage holds no bytes (freed by :func:`release_unread_weights`)."""
+    return (isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" and tensor.numel() > 0
+            and tensor.untyped_storage().nbytes() == 0)
+
+
+def check_not_released(example_inputs: Sequence[Any], sources: Sequence[str]) -> None:
+    """Raise :class:`WeightsReleasedError` naming the first released input of a graph being compiled."""
+    for tensor, source in zip(example_inputs, sources, strict=True):
+        if is_released(tensor):
+            raise WeightsReleasedError(
+                f"{source} was released after compiling (release_weights=True), and this call needs a "
+                "new compilation (new input shapes, changed weights or kopt_refresh()). Compile without "
+                "release_weights to keep the module's weights, or call the model with the shapes it was "
+                "compiled for.")
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def read_storages(graph_module: torch.fx.GraphModule) -> set[int]:
+    """Storages of every constant a (rewritten) graph reads through ``get_attr``."""
+    live = set()
+    for node in graph_module.graph.nodes:
+        value = constant_value(node) if node.op == "get_attr" else None
+        if isinstance(value, torch.Tensor) and value.device.type != "meta":
+            live.add(_storage(value))
+    return live
+
+
+def release_unread_weights(candidates: Iterable[torch.Tensor], live: set[int]) -> int:
+    """Free each candidate whose storage no compiled graph reads; the number of bytes freed."""
+    freed = 0
+    seen: set[int] = set()
+    for tensor in candidates:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta" or is_released(tensor):
+            continue
+        storage = _storage(tensor)
+        if storage in live or storage in seen:
+            continue
+        seen.add(storage)
+        freed += tensor.untyped_storage().nbytes()
+        tensor.untyped_storage().resize_(0)
+    return freed

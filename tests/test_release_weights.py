@@ -1,0 +1,63 @@
+"""release_weights=True: after the first call the module's weights that no compiled graph reads
+are freed (the bf16 originals of FP8 or merged linears), outputs do not change, the weights still
+read are kept, and a call needing a new compilation raises a clear error instead of computing
+with empty weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kopt
+from kopt.fp8 import Fp8Config
+from kopt.release import is_released
+from kopt.workloads import get_workload
+
+
+def _model_and_inputs(name: str):
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    model = workload.model("tiny", dtype=torch.bfloat16)
+    return workload, model, workload.inputs("tiny", seed=41, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_unread_weights_are_freed_and_outputs_do_not_change(fp8):
+    workload, model, inputs = _model_and_inputs("flux2")
+    keep = kopt.compile(copy.deepcopy(model), fp8=Fp8Config(min_features=16) if fp8 else None, lower="eager")
+    free = kopt.compile(model, fp8=Fp8Config(min_features=16) if fp8 else None, lower="eager",
+                        release_weights=True)
+    with torch.no_grad():
+        first = free(**inputs)[0]
+        assert torch.equal(first, keep(**inputs)[0])
+        again = workload.inputs("tiny", seed=42, dtype=torch.bfloat16)  # same shapes, new values
+        assert torch.equal(free(**again)[0], keep(**again)[0])
+    released = [name for name, p in model.named_parameters() if is_released(p)]
+    assert free.kopt_report.released_bytes > 0 and released
+    assert "released" in str(free.kopt_report)
+    if fp8:  # a quantized linear's bf16 weight is gone
+        assert "transformer_blocks.0.attn.to_q.weight" in released
+    # weights the compiled graph still reads stay: the QK RMSNorm scales, read by kopt::qk_norm_rope
+    still_read = [name for name, _ in model.named_parameters() if ".norm_q." in name or ".norm_k." in name]
+    assert still_read and not set(still_read) & set(released)
+
+
+def test_a_call_that_needs_a_new_compilation_raises_clearly():
+    workload, model, inputs = _model_and_inputs("flux2")
+    free = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", release_weights=True)
+    with torch.no_grad():
+        free(**inputs)
+        free.kopt_refresh()  # forces a recompilation, as a weight change would
+        with pytest.raises(kopt.WeightsReleasedError, match="release_weights"):
+            free(**inputs)
+
+
+def test_without_the_option_nothing_is_freed():
+    _, model, inputs = _model_and_inputs("qwen-image")
+    compiled = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager")
+    with torch.no_grad():
+        compiled(**inputs)
+    assert compiled.kopt_report.released_bytes == 0
+    assert not any(is_released(p) for p in model.parameters())
