@@ -45,7 +45,7 @@ def test_unread_weights_are_freed_and_outputs_do_not_change(fp8):
 
 
 def test_a_call_that_needs_a_new_compilation_raises_clearly():
-    workload, model, inputs = _model_and_inputs("flux2")
+    _, model, inputs = _model_and_inputs("flux2")
     free = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", release_weights=True)
     with torch.no_grad():
         free(**inputs)

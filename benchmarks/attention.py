@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Attention at the production shapes: kopt's FP8 kernel (every launch config) against torch's
+bf16 SDPA (cuDNN / flash), in TFLOP/s, with each one's error against float32 attention.
+
+    python benchmarks/attention.py            # on the GPU: writes attention.{json,md} under $OUT or benchmarks/results
+    python benchmarks/attention.py --tiny     # CPU smoke run (interpreter, small shapes; times mean nothing)
+
+Times are CUDA-graph replays (GPU time only, median) of one call; the FP8 kernel's time includes
+its K/V quantization kernel. FLOPs are 4·B·H·S_q·S_k·D.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
+
+from kopt.kernels import fp8_attention  # noqa: E402
+
+# (model, B, H, S, masked keys): FLUX.2 joint attention (4096 image + 512 text tokens, 48 heads),
+# Qwen-Image (4096 + 256 tokens, 24 heads, the negative prompt's padded text keys masked)
+SHAPES = (("flux2", 1, 48, 4608, 0), ("qwen-image", 1, 24, 4352, 64))
+TINY = (("tiny", 1, 2, 100, 10),)
+
+
+def gpu_ms(fn: Any, device: torch.device) -> float:
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
+
+
+def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.Tensor, flops: int,
+         device: torch.device) -> dict[str, Any]:
+    out = fn()
+    error = ((out.double() - exact.double()).norm() / exact.double().norm()).item()
+    ms = gpu_ms(fn, device)
+    row = dict(label, kernel=kernel, config=config, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=error)
+    print(f"{row['model']:<10} {kernel:<10} {config:<50} {ms:8.4f} ms {row['tflops']:7.1f} TFLOP/s rel {error:.2e}",
+          flush=True)
+    return row
+
+
+def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch.device) -> list[dict[str, Any]]:
+    """torch's bf16 SDPA, then the FP8 kernel under each launch config, on one shape."""
+    head_dim = 128 if device.type == "cuda" else 32
+    g = torch.Generator(device=device).manual_seed(s)
+    q, k, v = (torch.randn(b, s, h, head_dim, device=device, generator=g).bfloat16().transpose(1, 2)
+               for _ in range(3))
+    key_bias = None
+    if masked:
+        key_bias = torch.zeros(b, s, device=device, dtype=torch.bfloat16)
+        key_bias[:, s - masked:] = float("-inf")
+    mask = None if key_bias is None else key_bias[:, None, None, :]
+    exact = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float())
+    flops = 4 * b * h * s * s * head_dim
+    label = dict(model=model, shape=f"B{b} H{h} S{s} D{head_dim}")
+    rows = [_row(label, "sdpa bf16", "torch's choice (cuDNN / flash)",
+                 lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), exact, flops,
+                 device)]
+    configs = fp8_attention.candidates() if device.type == "cuda" else fp8_attention.candidates()[:1]
+    for config in configs:
+        text = ",".join(f"{name}={value}" for name, value in config.items())
+        rows.append(_row(label, "kopt fp8", text,
+                         lambda config=config: fp8_attention.launch(q, k, v, key_bias, config=config), exact, flops,
+                         device))
+    return rows
+
+
+def run(shapes: tuple[tuple[str, int, int, int, int], ...], device: torch.device) -> list[dict[str, Any]]:
+    return [row for shape in shapes for row in measure_shape(*shape, device=device)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on one small shape")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    rows = run(TINY if args.tiny else SHAPES, device)
+    meta = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                torch=torch.__version__, commit=os.environ.get("KOPT_COMMIT"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    lines = [f"# Attention on {meta['device']} (torch {meta['torch']}, commit {meta['commit']})", "",
+             "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA.", "",
+             "| model | shape | kernel | config | ms | TFLOP/s | rel err |", "|---|---|---|---|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {r['ms']:.4f} | {r['tflops']:.0f} | "
+              f"{r['rel_err']:.2e} |" for r in rows]
+    (args.out / "attention.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
