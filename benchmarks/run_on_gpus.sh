@@ -2,7 +2,9 @@
 # Run several full-size DiT benchmark jobs at once, one per GPU of the machine (no network there):
 #     bash benchmarks/run_on_gpus.sh "qwen-image --variants eager,kopt --tag a" \
 #                                    "qwen-image --variants eager,kopt-no-redundancy --tag b"
-# Job i runs dit.py on GPU i (CUDA_VISIBLE_DEVICES=i) with its own log, $OUT/log-<model>-<i>.txt.
+# Job i runs dit.py on GPU i (CUDA_VISIBLE_DEVICES=i) with its own log, $OUT/log-<model>-<i>.txt,
+# pinned to its own share of the CPU cores (taskset): one job's Inductor compile would otherwise
+# slow the other's host-bound timed calls (measured: 20-30 ms per Qwen-Image forward).
 # Rows of different jobs ran on different cards: compare them through each job's own eager row
 # (the ratio to eager), never directly. Wheels and results as in run_on_gpu.sh.
 set -euo pipefail
@@ -24,10 +26,16 @@ fi
 
 pids=()
 i=0
+cores=$(nproc)
+share=$((cores / $#))
 for job in "$@"; do
     read -r -a words <<< "$job"
     model="${words[0]}"
-    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 python3 benchmarks/dit.py --size full --models "$model" \
+    pin=()
+    if command -v taskset >/dev/null && [ "$share" -ge 1 ]; then
+        pin=(taskset -c "$((i * share))-$((i * share + share - 1))")
+    fi
+    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 "${pin[@]}" python3 benchmarks/dit.py --size full --models "$model" \
         --out "$OUT" "${words[@]:1}" > "$OUT/log-$model-$i.txt" 2>&1 &
     pids+=($!)
     echo "job $i (GPU $i, pid ${pids[-1]}): $job"
