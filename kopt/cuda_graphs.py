@@ -34,8 +34,9 @@ from torch.utils._pytree import tree_map
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...] | str:
-    """A hashable signature of the call, or why the call cannot be replayed from a graph."""
-    parts: list[Any] = []
+    """A hashable signature of the call, or why the call cannot be replayed from a graph. Inference
+    mode is part of it: buffers recorded under it cannot be written outside it."""
+    parts: list[Any] = [("inference_mode", torch.is_inference_mode_enabled())]
     for index, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
             if not arg.is_cuda:
