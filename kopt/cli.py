@@ -13,7 +13,8 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     print('passes="auto", in order:')
     for position, rewrite in enumerate(default_pipeline(), 1):
         print(f"{position}. {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
-    print("\nopt-in (name them in passes=[...]; fp8=... adds fp8-linear and fuse-activation-quant):")
+    print("\nopt-in (name them in passes=[...]; fp8=... adds fp8-linear and, with row scales, the producer "
+          "fusions fuse-activation-quant and fuse-adaln-quant; Fp8Config(attention=True) adds fp8-attention):")
     for rewrite in opt_in_passes():
         print(f"- {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
     return 0
@@ -41,10 +42,25 @@ def _workload(name: str) -> str:
     return name
 
 
+def _fp8(args: argparse.Namespace) -> object:
+    """The ``--fp8`` / ``--fp8-attention`` options as an Fp8Config (None without ``--fp8``). Tiny models
+    have 64-wide layers, all quantized, so they get a looser gate (0.99 cosine, 18 dB)."""
+    if args.fp8 is None:
+        if args.fp8_attention:
+            raise SystemExit("kopt: --fp8-attention needs --fp8 GRANULARITY")
+        return None
+    from kopt.fp8 import Fp8Config, QualityGate
+
+    tiny = args.size == "tiny"
+    return Fp8Config(granularity=args.fp8, attention=args.fp8_attention, min_features=16 if tiny else 1024,
+                     gate=QualityGate(min_cosine=0.99, min_sqnr_db=18.0) if tiny else QualityGate())
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     from kopt.demo import explain, summary_line
 
-    result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes))
+    result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes),
+                     fp8=_fp8(args))
     if args.json:
         print(json.dumps({**result, "report": result["report"].to_dict()}, indent=1, default=str))
     else:
@@ -86,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--lower", choices=["inductor", "eager"], default="eager")
     explain.add_argument("--passes", default="auto", help="auto, or pass names separated by commas")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
+    explain.add_argument("--fp8", choices=["row", "tensor", "block-1x128", "block-128x128"],
+                         help="also quantize the linears to FP8 with this scale granularity")
+    explain.add_argument("--fp8-attention", action="store_true", help="with --fp8: attention in FP8 too")
     explain.set_defaults(run=_cmd_explain)
     return parser
 

@@ -26,15 +26,16 @@ def _median_seconds(fn: Callable[[int], Any], repeats: int) -> float:
 
 def explain(workload_name: str, *, size: str = "tiny", lower: str = "inductor",
             passes: kopt.passes.pipeline.PassSpec = "auto", seed: int = 0,
-            repeats: int = 5) -> dict[str, Any]:
+            repeats: int = 5, fp8: Any = None) -> dict[str, Any]:
     """Compile one workload, check it against eager on fresh inputs, time both.
 
-    Returns a dict with the report, relative error, cosine and eager/kopt median seconds.
+    ``fp8``: a :class:`kopt.fp8.Fp8Config`, or None for bf16. Returns a dict with the report,
+    relative error, cosine and eager/kopt median seconds.
     """
     workload = get_workload(workload_name)
     torch.manual_seed(seed)
     model = workload.model(size)  # type: ignore[arg-type]
-    compiled = kopt.compile(model, passes, lower=lower, verify=True)
+    compiled = kopt.compile(model, passes, lower=lower, verify=True, fp8=fp8)
     with torch.no_grad():
         first = workload.inputs(size, seed=seed + 1)  # type: ignore[arg-type]
         start = time.perf_counter()

@@ -72,6 +72,20 @@ def test_cli_explain_json():
     assert decoded["report"]["graphs"][0]["passes"][0]["name"] == "redundancy"
 
 
+def test_cli_explain_fp8_reports_the_fp8_passes_and_the_quality():
+    result = subprocess.run(["kopt", "explain", "flux2", "--fp8", "row", "--fp8-attention", "--json"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    decoded = json.loads(result.stdout)
+    names = [p["name"] for p in decoded["report"]["graphs"][0]["passes"]]
+    assert {"fp8-linear", "fuse-activation-quant", "fp8-attention"} <= set(names)
+    assert decoded["report"]["graphs"][0]["fallback"] is None  # the tiny gate (0.99) holds
+    assert 0 < decoded["rel_err"] < 0.1 and decoded["cosine"] > 0.99
+    refused = subprocess.run(["kopt", "explain", "flux2", "--fp8-attention"], capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and "needs --fp8" in refused.stderr
+
+
 def test_cli_demo_eager_smoke():
     result = subprocess.run(["kopt", "demo", "--lower", "eager", "--models", "flux2"], capture_output=True,
                             text=True, timeout=600)
