@@ -97,11 +97,42 @@ def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp
 
 
 @triton.jit
+def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, b, bh, S_k, S_kp,
+                  stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  N_CHUNKS: tl.constexpr, MASKED: tl.constexpr):
+    """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it."""
+    offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
+    ks = tl.load(ks_ptr + bh * S_kp + offs_n)
+    s = tl.dot(q8, tl.trans(k8)) * row_scale[:, None] * ks[None, :]
+    if HAS_BIAS:
+        if MASKED:
+            key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0)
+        else:
+            key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n)
+        s += key_bias.to(tl.float32) * 1.4426950408889634  # log2(e): the bias joins base-2 logits
+    if MASKED:
+        s = tl.where(offs_n[None, :] < S_k, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
+    vs = tl.load(vs_ptr + bh * N_CHUNKS + chunk)
+    pv = tl.dot((p * 448.0).to(k8_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), tl.trans(vt8))
+    acc = acc * alpha[:, None] + pv * (vs / 448.0)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
-    # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2)
+                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, EVEN_K: tl.constexpr):
+    # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). EVEN_K: S_k fills every key
+    # tile, so no tile needs the key mask; otherwise only the last one does.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -115,25 +146,12 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for chunk in range(0, N_CHUNKS):
-        offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
-        k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
-        ks = tl.load(ks_ptr + bh * S_kp + offs_n)
-        s = tl.dot(q8, tl.trans(k8)) * row_scale[:, None] * ks[None, :]
-        if HAS_BIAS:
-            key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0)
-            s += key_bias.to(tl.float32) * 1.4426950408889634  # log2(e): the bias joins base-2 logits
-        s = tl.where(offs_n[None, :] < S_k, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
-        vs = tl.load(vs_ptr + bh * N_CHUNKS + chunk)
-        pv = tl.dot((p * 448.0).to(k8_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), tl.trans(vt8))
-        acc = acc * alpha[:, None] + pv * (vs / 448.0)
-        m_i = m_new
+    for chunk in range(0, N_CHUNKS if EVEN_K else N_CHUNKS - 1):
+        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr,
+                                      b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N, N_CHUNKS, False)
+    if not EVEN_K:
+        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, k8_ptr, v8t_ptr, ks_ptr, vs_ptr,
+                                      bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N, N_CHUNKS, True)
     out = acc / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
@@ -214,7 +232,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             q, k8, v8t, ks, vs, bias if bias is not None else ks, dst, h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, EVEN_K=s_k % block_n == 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:

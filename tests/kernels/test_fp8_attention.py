@@ -48,8 +48,9 @@ def test_spec_error_on_random_inputs_is_fp8_sized():
 
 
 @pytest.mark.parametrize("config", mod.candidates(), ids=lambda c: "-".join(str(v) for v in c.values()))
-def test_kernel_matches_the_spec_for_every_config(config):
-    q, k, v, bias = _inputs(2, 2, 70, 90, 64, seed=3)
+@pytest.mark.parametrize("keys", [90, 128])  # a partial last key tile (masked), and whole tiles only
+def test_kernel_matches_the_spec_for_every_config(config, keys):
+    q, k, v, bias = _inputs(2, 2, 70, keys, 64, seed=3)
     for with_bias in (False, True):
         b = bias if with_bias else None
         out = mod.launch(q, k, v, b, 0.125, config=config)
@@ -99,11 +100,12 @@ def test_bad_inputs_are_refused_clearly():
 @pytest.mark.parametrize("config", mod.candidates(), ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_gpu_production_shapes_every_config(config):
     # FLUX.2: 48 heads, 4096 + 512 tokens; Qwen-Image: 24 heads, 4096 + 256 tokens with a key mask
-    for b, h, s, with_bias in ((1, 48, 4608, False), (1, 24, 4352, True)):
+    # (and 1000 tokens: a partial last key tile)
+    for b, h, s, with_bias in ((1, 48, 4608, False), (1, 24, 4352, True), (2, 8, 1000, True)):
         g = torch.Generator(device="cuda").manual_seed(h)
         q, k, v = (torch.randn(b, s, h, 128, device="cuda", generator=g).bfloat16().transpose(1, 2) for _ in range(3))
         bias = torch.zeros(b, s, device="cuda", dtype=torch.bfloat16)
-        bias[:, 4096 + 200:] = float("-inf")
+        bias[:, s - 100:] = float("-inf")
         bias = bias if with_bias else None
         out = mod.launch(q, k, v, bias, None, config=config)
         spec = mod.reference(q, k, v, bias, None, block_n=config["BLOCK_N"])
