@@ -15,7 +15,9 @@ one recomputing y and writing q, so the bf16 input (340 MB per FLUX.2 single-str
 per Qwen-Image feed-forward) is read twice from DRAM. Here one program owns one row and makes both
 passes over it back to back, so the second read of the row can come from L2 — if few enough rows are
 in flight for their inputs to stay there (73 KB per FLUX.2 row). How many are in flight is set by
-the launch config (BLOCK columns per step, num_warps), which is autotuned per shape.
+the launch config (BLOCK columns per step, num_warps), which is autotuned per shape. When the
+prefix and the activation each fit one BLOCK (Qwen-Image: F = 12288 with BLOCK = 16384), the
+values stay in registers between the amax and the store: one read of the row.
 
 Numerics equal the unfused graph's: each activation step is rounded to h.dtype as the bf16 graph
 rounds it (silu, then the product; gelu), then quantized exactly like
@@ -83,40 +85,54 @@ def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr):
 @triton.jit
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                             P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr):
+                             P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr):
     # The trip counts are constexpr (one compile per width): Triton's CPU interpreter cannot loop to a
     # runtime bound, and a model has only a few distinct widths.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    # pass 1: the row's amax
-    if HAS_PREFIX:
-        for chunk in range(0, P_CHUNKS):
-            offs = chunk * BLOCK + cols
-            x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(x))
-    for chunk in range(0, F_CHUNKS):
-        offs = chunk * BLOCK + cols
-        y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
-        amax = tl.maximum(amax, tl.abs(y))
-    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
-    tl.store(scale_ptr + row, scale)
-    # pass 2: the same values again (this row is still in L2), quantized
-    if HAS_PREFIX:
-        for chunk in range(0, P_CHUNKS):
-            offs = chunk * BLOCK + cols
-            x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
+    if ONE_PASS:  # the prefix and the activation each fit one BLOCK: one read, the values kept in registers
+        y = _activation(h_ptr, row * stride_h, cols, cols < F, F, IS_SWIGLU)
+        row_max = tl.max(tl.abs(y), axis=0)
+        if HAS_PREFIX:
+            x = tl.load(prefix_ptr + row * stride_p + cols, mask=cols < P, other=0.0).to(tl.float32)
+            row_max = tl.maximum(row_max, tl.max(tl.abs(x), axis=0))
+        scale = tl.maximum(row_max, 1e-12) / 448.0
+        tl.store(scale_ptr + row, scale)
+        if HAS_PREFIX:
             q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-            tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < P)
-    for chunk in range(0, F_CHUNKS):
-        offs = chunk * BLOCK + cols
-        y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
+            tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=cols < P)
         q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
-        tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=offs < F)
+        tl.store(q_ptr + row * stride_q + P + cols, q.to(q_ptr.dtype.element_ty), mask=cols < F)
+    else:  # two passes over the row, BLOCK columns at a time
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        # pass 1: the row's amax
+        if HAS_PREFIX:
+            for chunk in range(0, P_CHUNKS):
+                offs = chunk * BLOCK + cols
+                x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.abs(x))
+        for chunk in range(0, F_CHUNKS):
+            offs = chunk * BLOCK + cols
+            y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
+            amax = tl.maximum(amax, tl.abs(y))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+        tl.store(scale_ptr + row, scale)
+        # pass 2: the same values again (this row is still in L2), quantized
+        if HAS_PREFIX:
+            for chunk in range(0, P_CHUNKS):
+                offs = chunk * BLOCK + cols
+                x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
+                q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+                tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < P)
+        for chunk in range(0, F_CHUNKS):
+            offs = chunk * BLOCK + cols
+            y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
+            q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+            tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=offs < F)
 
 
 DEFAULT_CONFIG: Config = {"BLOCK": 1024, "num_warps": 4}
-_BLOCKS = (1024, 2048, 4096)
+_BLOCKS = (1024, 2048, 4096, 8192, 16384)  # the large ones keep a whole row in registers (one read)
 _WARPS = (4, 8, 16)
 
 
@@ -136,7 +152,8 @@ def _candidates(width: int) -> tuple[Config, ...]:
 def candidates(width: int) -> list[Config]:
     """Launch configs for rows of ``width`` outputs (a power-of-two bucket): the old fixed config
     first, then every (BLOCK, num_warps) with 4..32 elements per thread and BLOCK <= max(width, 1024).
-    Bigger programs keep fewer rows in flight, so that the second pass reads them from L2."""
+    Bigger programs keep fewer rows in flight (the second pass reads them from L2), and a BLOCK
+    holding the whole activation and prefix makes the kernel read the row once."""
     return [dict(c) for c in _candidates(pow2_bucket(width))]
 
 
@@ -176,7 +193,8 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
             prefix if prefix is not None else h2, h2, q_out, scale_out, p, f,
             prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0),
             HAS_PREFIX=prefix is not None, IS_SWIGLU=act == "swiglu", BLOCK=block,
-            P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), num_warps=cfg["num_warps"])
+            P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), ONE_PASS=f <= block and p <= block,
+            num_warps=cfg["num_warps"])
 
     def on_scratch() -> Callable[[Config], None]:
         q_scratch, scale_scratch = torch.empty_like(q), torch.empty_like(scale)
