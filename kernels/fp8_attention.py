@@ -130,9 +130,9 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, 
 def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, EVEN_K: tl.constexpr):
-    # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). EVEN_K: S_k fills every key
-    # tile, so no tile needs the key mask; otherwise only the last one does.
+                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr):
+    # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
+    # fills (no key mask); a partial last tile, if any, is the only masked one.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -146,10 +146,10 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for chunk in range(0, N_CHUNKS if EVEN_K else N_CHUNKS - 1):
+    for chunk in range(0, N_FULL):
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr,
                                       b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N, N_CHUNKS, False)
-    if not EVEN_K:
+    if N_FULL < N_CHUNKS:
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, k8_ptr, v8t_ptr, ks_ptr, vs_ptr,
                                       bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N, N_CHUNKS, True)
     out = acc / l_i[:, None]
@@ -232,7 +232,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             q, k8, v8t, ks, vs, bias if bias is not None else ks, dst, h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, EVEN_K=s_k % block_n == 0,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=s_k // block_n,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:
