@@ -113,16 +113,23 @@ def cuda_scale_layout(device_index: int, weight_rows_per_scale: int) -> ScaleLay
     return "no scale layout works: " + "; ".join(errors)
 
 
+CHECK_ELEMENTS = 1 << 26  # the shape check's random weight stays under 256 MiB in float32
+
+
 @functools.cache
 def cuda_shape_check(device_index: int, m: int, k: int, n: int, weight_rows_per_scale: int) -> str | None:
     """None if this GPU's block-scaled GEMM computes an (M, K) × (N, K)ᵀ product correctly, else why not
     (refused by cuBLAS, or a wrong result). Random operands with uneven row magnitudes, compared
-    with the dequantized float32 product; run once per shape, at compile time."""
+    with the dequantized float32 product; run once per shape, at compile time. The product's own
+    M and K are used (what cuBLAS' scale layouts depend on), and N up to ``CHECK_ELEMENTS / K``
+    rows in whole 128-row tiles: a merged weight (Qwen-Image's modulation: 2.2 M × 3072) would
+    otherwise need a 27 GB float32 copy just to be checked."""
     from kopt.fp8.quantize import Granularity, Operand, quantize
 
     layout = cuda_scale_layout(device_index, weight_rows_per_scale)
     if not isinstance(layout, ScaleLayout):
         return layout
+    n = min(n, max(BLOCK, CHECK_ELEMENTS // k // BLOCK * BLOCK))
     device = torch.device("cuda", device_index)
     generator = torch.Generator(device=device).manual_seed(m * 31 + k * 7 + n)
     a = torch.randn(m, k, device=device, generator=generator) * torch.rand(m, 1, device=device, generator=generator)
