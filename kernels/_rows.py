@@ -110,12 +110,30 @@ def one_batch(b: int, s: int, config: Config) -> bool:
 
 
 @triton.jit
+def fp8_scale(amax):
+    """The scale of a group whose largest magnitude is ``amax``: ``max(amax, 1e-12) / 448``, as
+    kopt.fp8.quantize defines it (the amax maps to e4m3's largest finite value)."""
+    return tl.maximum(amax, 1e-12) / 448.0
+
+
+@triton.jit
+def fp8_values(x, scale):
+    """``x / scale`` clamped to ±448, in float32: ready to be cast to float8_e4m3fn."""
+    return tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+
+
+@triton.jit
+def fp8_rows(x):
+    """Row-wise FP8 of a float32 [R, C] tile: (values in float32, one scale per row)."""
+    scale = fp8_scale(tl.max(tl.abs(x), axis=1))
+    return fp8_values(x, scale[:, None]), scale
+
+
+@triton.jit
 def store_fp8_rows(y, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM: tl.constexpr):
     """Row-wise FP8 of a float32 [R, BLOCK_N] tile, as kopt.fp8.quantize (ROW) defines it: one scale
     ``max(amax(|row|), 1e-12) / 448`` per row (stored at ``s_ptr + row``), values clamped to ±448."""
-    y = tl.where(mask, y, 0.0)
-    row_scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(y / row_scale[:, None], -448.0), 448.0)
+    q, row_scale = fp8_rows(tl.where(mask, y, 0.0))
     tl.store(q_ptr + offsets, q.to(q_ptr.dtype.element_ty), mask=mask)
     rows = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     tl.store(s_ptr + rows, row_scale, mask=rows < n_rows)

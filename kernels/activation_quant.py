@@ -42,6 +42,7 @@ from kopt.fp8.config import Granularity
 from kopt.fp8.quantize import FP8, quantize
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._rows import fp8_scale, fp8_values
 
 __all__ = ["ACTIVATIONS", "activation_quant", "candidates", "launch", "reference"]
 ACTIVATIONS = ("swiglu", "gelu_tanh")
@@ -96,12 +97,12 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
         if HAS_PREFIX:
             x = tl.load(prefix_ptr + row * stride_p + cols, mask=cols < P, other=0.0).to(tl.float32)
             row_max = tl.maximum(row_max, tl.max(tl.abs(x), axis=0))
-        scale = tl.maximum(row_max, 1e-12) / 448.0
+        scale = fp8_scale(row_max)
         tl.store(scale_ptr + row, scale)
         if HAS_PREFIX:
-            q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+            q = fp8_values(x, scale)
             tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=cols < P)
-        q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+        q = fp8_values(y, scale)
         tl.store(q_ptr + row * stride_q + P + cols, q.to(q_ptr.dtype.element_ty), mask=cols < F)
     else:  # two passes over the row, BLOCK columns at a time
         amax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -115,19 +116,19 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
             offs = chunk * BLOCK + cols
             y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
             amax = tl.maximum(amax, tl.abs(y))
-        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+        scale = fp8_scale(tl.max(amax, axis=0))
         tl.store(scale_ptr + row, scale)
         # pass 2: the same values again (this row is still in L2), quantized
         if HAS_PREFIX:
             for chunk in range(0, P_CHUNKS):
                 offs = chunk * BLOCK + cols
                 x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
-                q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+                q = fp8_values(x, scale)
                 tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < P)
         for chunk in range(0, F_CHUNKS):
             offs = chunk * BLOCK + cols
             y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
-            q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+            q = fp8_values(y, scale)
             tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=offs < F)
 
 

@@ -37,6 +37,7 @@ import triton.language as tl
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._rows import fp8_rows, fp8_scale, fp8_values
 
 __all__ = ["candidates", "fp8_attention", "launch", "quantize_kv", "reference"]
 
@@ -84,14 +85,13 @@ def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp
     valid = offs_n[:, None] < S_k
     k = tl.load(k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
                 mask=valid, other=0.0).to(tl.float32)
-    ks = tl.maximum(tl.max(tl.abs(k), axis=1), 1e-12) / 448.0
-    k8 = tl.minimum(tl.maximum(k / ks[:, None], -448.0), 448.0)
+    k8, ks = fp8_rows(k)
     tl.store(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :], k8.to(k8_ptr.dtype.element_ty))
     tl.store(ks_ptr + bh * S_kp + offs_n, ks)
     v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
                 mask=valid, other=0.0).to(tl.float32)
-    vs = tl.maximum(tl.max(tl.max(tl.abs(v), axis=1), axis=0), 1e-12) / 448.0
-    v8 = tl.minimum(tl.maximum(v / vs, -448.0), 448.0)
+    vs = fp8_scale(tl.max(tl.max(tl.abs(v), axis=1), axis=0))
+    v8 = fp8_values(v, vs)
     tl.store(v8t_ptr + bh * D * S_kp + offs_d[None, :] * S_kp + offs_n[:, None], v8.to(v8t_ptr.dtype.element_ty))
     tl.store(vs_ptr + bh * N_CHUNKS + chunk, vs)
 
@@ -140,8 +140,8 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
                 mask=offs_m[:, None] < S_q, other=0.0).to(tl.float32)
-    qs = tl.maximum(tl.max(tl.abs(q), axis=1), 1e-12) / 448.0
-    q8 = tl.minimum(tl.maximum(q / qs[:, None], -448.0), 448.0).to(k8_ptr.dtype.element_ty)
+    q8, qs = fp8_rows(q)
+    q8 = q8.to(k8_ptr.dtype.element_ty)
     row_scale = qs * qk_scale
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
