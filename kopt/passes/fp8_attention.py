@@ -22,7 +22,8 @@ from torch.fx.operator_schemas import normalize_function
 from kopt.fp8.config import Fp8Config
 from kopt.fx.graph_utils import meta_value, replace, stamp
 from kopt.kernels import fp8_attention as kernel
-from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
+from kopt.passes.base import PassContext, accepted_matches
+from kopt.passes.fp8_pass import Fp8Pass
 
 aten = torch.ops.aten
 RULE = "fp8-attention"
@@ -72,17 +73,10 @@ def match(node: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
     return params["query"], params["key"], params["value"], mask, scale  # type: ignore[return-value]
 
 
-class Fp8Attention(Pass):
+class Fp8Attention(Fp8Pass):
     name = "fp8-attention"
     why = "attention products on FP8 tensor cores (Q, K per row, V per key tile), twice bf16's peak rate"
-
-    def __init__(self, config: Fp8Config | None = None) -> None:
-        self.config = config or Fp8Config(attention=True)
-
-    @property
-    def contract(self) -> Contract:  # type: ignore[override]
-        gate = self.config.gate
-        return Contract.quality(gate.min_cosine, gate.max_rel_err)
+    default_config = Fp8Config(attention=True)
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph

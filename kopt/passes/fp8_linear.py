@@ -29,7 +29,8 @@ from kopt.fp8.config import Fp8Config, Granularity
 from kopt.fp8.quantize import BLOCK, FP8, FP8_MAX, MIN_AMAX, Operand, block_shape, quantize
 from kopt.fx.constants import add_constant, constant_value, drop_unused_constants, weight_of, weight_paths
 from kopt.fx.graph_utils import meta_value, replace, stamp
-from kopt.passes.base import Contract, Pass, PassContext
+from kopt.passes.base import PassContext
+from kopt.passes.fp8_pass import Fp8Pass
 
 aten = torch.ops.aten
 RULE = "fp8-linear"
@@ -88,9 +89,21 @@ def _quantize_activation(graph: torch.fx.Graph, x: torch.fx.Node, granularity: G
         amax = call(aten.amax.default, (magnitude, [-1], True))
     else:
         amax = call(aten.amax.default, (magnitude, [0, 1]))
-    scale = call(aten.div.Tensor, (call(aten.clamp_min.default, (amax, MIN_AMAX)), FP8_MAX))
-    clamped = call(aten.clamp.default, (call(aten.div.Tensor, (xf, scale)), -FP8_MAX, FP8_MAX))
-    return call(aten._to_copy.default, (clamped,), {"dtype": FP8}), scale
+    scale = _scale_node(graph, amax)
+    return _cast_node(graph, xf, scale), scale
+
+
+def _scale_node(graph: torch.fx.Graph, amax: torch.fx.Node) -> torch.fx.Node:
+    """``max(amax, 1e-12) / 448``: the scale :func:`kopt.fp8.quantize.quantize` gives a group."""
+    call = graph.call_function
+    return call(aten.div.Tensor, (call(aten.clamp_min.default, (amax, MIN_AMAX)), FP8_MAX))
+
+
+def _cast_node(graph: torch.fx.Graph, values: torch.fx.Node, scale: torch.fx.Node) -> torch.fx.Node:
+    """``clamp(values / scale, ±448)`` cast to float8_e4m3fn (the node chain fuse-activation-quant matches)."""
+    call = graph.call_function
+    clamped = call(aten.clamp.default, (call(aten.div.Tensor, (values, scale)), -FP8_MAX, FP8_MAX))
+    return call(aten._to_copy.default, (clamped,), {"dtype": FP8})
 
 
 def _quantize_activation_blocks(graph: torch.fx.Graph, xf: torch.fx.Node, shape: tuple[int, ...]
@@ -103,25 +116,15 @@ def _quantize_activation_blocks(graph: torch.fx.Graph, xf: torch.fx.Node, shape:
     tiles = call(aten.reshape.default, (xf, [rows, cols // BLOCK, BLOCK]))
     by_block = call(aten.permute.default, (call(aten.abs.default, (tiles,)), [1, 0, 2]))
     amax = call(aten.amax.default, (by_block, [-1]))  # (K/128, M)
-    scale_t = call(aten.div.Tensor, (call(aten.clamp_min.default, (amax, MIN_AMAX)), FP8_MAX))
-    scale = call(aten.t.default, (scale_t,))  # (M, K/128), column-major
+    scale = call(aten.t.default, (_scale_node(graph, amax),))  # (M, K/128), column-major
     per_tile = call(aten.unsqueeze.default, (scale, -1))
-    clamped = call(aten.clamp.default, (call(aten.div.Tensor, (tiles, per_tile)), -FP8_MAX, FP8_MAX))
-    q = call(aten.reshape.default, (call(aten._to_copy.default, (clamped,), {"dtype": FP8}), [rows, cols]))
+    q = call(aten.reshape.default, (_cast_node(graph, tiles, per_tile), [rows, cols]))
     return q, scale
 
 
-class Fp8Linear(Pass):
+class Fp8Linear(Fp8Pass):
     name = "fp8-linear"
     why = "linears with constant weights run as FP8 GEMMs; weights and their scales quantized once at compile time"
-
-    def __init__(self, config: Fp8Config | None = None) -> None:
-        self.config = config or Fp8Config()
-
-    @property
-    def contract(self) -> Contract:  # type: ignore[override]
-        gate = self.config.gate
-        return Contract.quality(gate.min_cosine, gate.max_rel_err)
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
