@@ -11,11 +11,8 @@ its K/V quantization kernel. FLOPs are 4·B·H·S_q·S_k·D.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is defined
 
+from benchmarks import micro  # noqa: E402
 from kopt.kernels import fp8_attention  # noqa: E402
 
 # (model, B, H, S, masked keys): FLUX.2 joint attention (4096 image + 512 text tokens, 48 heads),
@@ -35,21 +33,11 @@ SHAPES = (("flux2", 1, 48, 4608, 0), ("qwen-image", 1, 24, 4352, 64))
 TINY = (("tiny", 1, 2, 100, 10),)
 
 
-def gpu_ms(fn: Any, device: torch.device) -> float:
-    if device.type != "cuda":
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
-
-
 def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.Tensor, flops: int,
          device: torch.device) -> dict[str, Any]:
     out = fn()
     error = ((out.double() - exact.double()).norm() / exact.double().norm()).item()
-    ms = gpu_ms(fn, device)
+    ms = micro.replay_ms(fn, device)
     row = dict(label, kernel=kernel, config=config, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=error)
     print(f"{row['model']:<10} {kernel:<10} {config:<50} {ms:8.4f} ms {row['tflops']:7.1f} TFLOP/s rel {error:.2e}",
           flush=True)
@@ -88,23 +76,15 @@ def run(shapes: tuple[tuple[str, int, int, int, int], ...], device: torch.device
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on one small shape")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
-    rows = run(TINY if args.tiny else SHAPES, device)
-    meta = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                torch=torch.__version__, commit=os.environ.get("KOPT_COMMIT"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    lines = [f"# Attention on {meta['device']} (torch {meta['torch']}, commit {meta['commit']})", "",
-             "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA.", "",
-             "| model | shape | kernel | config | ms | TFLOP/s | rel err |", "|---|---|---|---|---:|---:|---:|"]
-    lines += [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {r['ms']:.4f} | {r['tflops']:.0f} | "
-              f"{r['rel_err']:.2e} |" for r in rows]
-    (args.out / "attention.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    device, out, tiny = micro.parse_args(__doc__.splitlines()[0])
+    rows = run(TINY if tiny else SHAPES, device)
+    table = [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {r['ms']:.4f} | {r['tflops']:.0f} | "
+             f"{r['rel_err']:.2e} |" for r in rows]
+    print(micro.write(out, "attention", "Attention",
+                      "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA.",
+                      ["| model | shape | kernel | config | ms | TFLOP/s | rel err |",
+                       "|---|---|---|---|---:|---:|---:|"],
+                      table, rows, device))
 
 
 if __name__ == "__main__":

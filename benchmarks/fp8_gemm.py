@@ -16,11 +16,7 @@ order the GPU's block-scaled GEMM took (:func:`kopt.fp8.block_mm.cuda_scale_layo
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +26,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from benchmarks import micro  # noqa: E402
 from kopt.fp8 import block_mm  # noqa: E402
 from kopt.fp8.config import Granularity  # noqa: E402
 from kopt.fp8.quantize import Operand, block_shape, quantize  # noqa: E402
@@ -45,16 +42,6 @@ SHAPES = (
     ("flux2", "double: mlp down", 4096, 18432, 6144),
 )
 TINY = (("tiny", "linear", 64, 256, 384),)
-
-
-def gpu_ms(fn: Callable[[], Any], device: torch.device) -> float:
-    if device.type != "cuda":
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
 
 
 def gemm_for(granularity: Granularity | None, x: torch.Tensor, w: torch.Tensor
@@ -92,9 +79,9 @@ def run(shapes: tuple[tuple[str, str, int, int, int], ...], device: torch.device
                 gemm, quantize_x, note = gemm_for(granularity, x, w)
                 out = gemm()
                 error = ((out.double() - exact).norm() / exact.norm()).item()
-                ms = gpu_ms(gemm, device)
+                ms = micro.replay_ms(gemm, device)
                 quantize_x()
-                quant_ms = None if granularity is None else gpu_ms(quantize_x, device)
+                quant_ms = None if granularity is None else micro.replay_ms(quantize_x, device)
             except Exception as failure:  # noqa: BLE001 - a granularity this build cannot run is a row saying so
                 rows.append(dict(model=model, layer=layer, m=m, k=k, n=n, granularity=name,
                                  error=f"{type(failure).__name__}: {str(failure).splitlines()[0][:200]}"))
@@ -108,36 +95,28 @@ def run(shapes: tuple[tuple[str, str, int, int, int], ...], device: torch.device
     return rows
 
 
-def write(rows: list[dict[str, Any]], out_dir: Path, device: torch.device) -> None:
-    meta = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", torch=torch.__version__,
-                commit=os.environ.get("KOPT_COMMIT"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "fp8-gemm.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    lines = [f"# FP8 GEMM by granularity on {meta['device']} (torch {meta['torch']}, commit {meta['commit']})", "",
-             "GPU time from CUDA-graph replay (median); rel err against the float64 product of the bf16 operands; "
-             "`quantize ms`: the activation's quantization (Inductor), paid per call before the GEMM.", "",
-             "| model | layer | M×K×N | granularity | GEMM ms | TFLOP/s | quantize ms | rel err | note |",
-             "|---|---|---|---|---:|---:|---:|---:|---|"]
+def write(rows: list[dict[str, Any]], out_dir: Path, device: torch.device) -> str:
+    table = []
     for r in rows:
         shape = f"{r['m']}×{r['k']}×{r['n']}"
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['layer']} | {shape} | {r['granularity']} | – | – | – | – "
+            table.append(f"| {r['model']} | {r['layer']} | {shape} | {r['granularity']} | – | – | – | – "
                          f"| {r['error']} |")
             continue
         quant = "–" if r["quantize_ms"] is None else f"{r['quantize_ms']:.4f}"
-        lines.append(f"| {r['model']} | {r['layer']} | {shape} | {r['granularity']} | {r['ms']:.4f} | "
+        table.append(f"| {r['model']} | {r['layer']} | {shape} | {r['granularity']} | {r['ms']:.4f} | "
                      f"{r['tflops']:.0f} | {quant} | {r['rel_err']:.2e} | {r['note']} |")
-    (out_dir / "fp8-gemm.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return micro.write(out_dir, "fp8-gemm", "FP8 GEMM by granularity",
+                       "GPU time from CUDA-graph replay (median); rel err against the float64 product of the bf16 "
+                       "operands; `quantize ms`: the activation's quantization (Inductor), paid per call before "
+                       "the GEMM.",
+                       ["| model | layer | M×K×N | granularity | GEMM ms | TFLOP/s | quantize ms | rel err | note |",
+                        "|---|---|---|---|---:|---:|---:|---:|---|"], table, rows, device)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on one small shape")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
-    write(run(TINY if args.tiny else SHAPES, device), args.out, device)
+    device, out, tiny = micro.parse_args(__doc__.splitlines()[0])
+    print(write(run(TINY if tiny else SHAPES, device), out, device))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""What the micro-benchmarks (``fp8_gemm.py``, ``attention.py``) share: their command line (``--tiny``
+for the CPU smoke run, ``--out``), GPU time by CUDA-graph replay, and their JSON + markdown output
+headed by the run's device, torch version and commit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def parse_args(description: str) -> tuple[torch.device, Path, bool]:
+    """(device, output folder, tiny): the GPU unless ``--tiny`` or there is none."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on one small shape")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    return device, args.out, args.tiny
+
+
+def replay_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """GPU time of one call, the median of CUDA-graph replays (no host launch cost); on the CPU the
+    wall time of one call (a smoke figure)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
+
+
+def write(out_dir: Path, stem: str, title: str, intro: str, header: Sequence[str], table: Sequence[str],
+          rows: list[dict[str, Any]], device: torch.device) -> str:
+    """``<stem>.json`` (meta + rows) and ``<stem>.md`` (title, intro, the table); returns the markdown."""
+    meta = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                torch=torch.__version__, commit=os.environ.get("KOPT_COMMIT"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    lines = [f"# {title} on {meta['device']} (torch {meta['torch']}, commit {meta['commit']})", "", intro, "",
+             *header, *table]
+    text = "\n".join(lines) + "\n"
+    (out_dir / f"{stem}.md").write_text(text)
+    return text
