@@ -37,3 +37,23 @@ def tiny_dit(request):
     model = workload.model("tiny")
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
     return workload, model, workload.inputs("tiny", seed=seed)
+
+
+def tiny_model_and_inputs(name: str, *, seed: int, dtype: torch.dtype = torch.float32):
+    """(workload, model, inputs): a tiny real DiT (weights from seed 0) and fresh inputs from ``seed``."""
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    return workload, workload.model("tiny", dtype=dtype), workload.inputs("tiny", seed=seed, dtype=dtype)
+
+
+def compile_close_to_eager(name: str, bound: float, *, seed: int, dtype: torch.dtype = torch.float32,
+                           **compile_kwargs):
+    """``kopt.compile`` a tiny DiT (``lower="eager"``, ``verify=True`` unless given), check one call
+    against eager within ``bound`` (relative error), and return the compiled module."""
+    import kopt
+
+    _, model, inputs = tiny_model_and_inputs(name, seed=seed, dtype=dtype)
+    compiled = kopt.compile(model, **{"lower": "eager", "verify": True, **compile_kwargs})
+    with torch.no_grad():
+        assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < bound
+    return compiled

@@ -70,7 +70,9 @@ def test_kopt_compile_replays_a_tiny_dit_exactly_like_plain_launches(tiny_dit):
         for seed in (1, 2, 3):
             inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v
                       for k, v in workload.inputs("tiny", seed=seed).items()}
-            assert rel_err(graphed(**inputs)[0], plain(**inputs)[0]) < 1e-4  # two separate Inductor compiles
+            out = graphed(**inputs)[0]
+            assert rel_err(out, plain(**inputs)[0]) < 1e-4  # two separate Inductor compiles
+            assert rel_err(out, model(**inputs)[0]) < 2e-2
     stats = [g.cuda_graphs for g in graphed.kopt_report.graphs if g.cuda_graphs is not None]
     assert stats and all(s.disabled is None and s.replays >= 1 for s in stats)
     assert "CUDA graphs:" in str(graphed.kopt_report)

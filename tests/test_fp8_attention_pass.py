@@ -9,18 +9,14 @@ import torch
 import kopt
 from kopt.fp8 import Fp8Config, QualityGate, measure
 from kopt.passes.pipeline import resolve, with_fp8
-from kopt.workloads import get_workload
-from tests.conftest import rel_err
+from tests.conftest import rel_err, tiny_model_and_inputs
 
 TINY_GATE = QualityGate(min_cosine=0.99, min_sqnr_db=18.0)
 
 
 @pytest.mark.parametrize("name", ["qwen-image", "flux2"])
 def test_tiny_dits_run_every_attention_in_fp8_within_the_gate(name):
-    workload = get_workload(name)
-    torch.manual_seed(0)
-    model = workload.model("tiny", dtype=torch.bfloat16)
-    inputs = workload.inputs("tiny", seed=31, dtype=torch.bfloat16)
+    _, model, inputs = tiny_model_and_inputs(name, seed=31, dtype=torch.bfloat16)
     linears_only = kopt.compile(model, fp8=Fp8Config(min_features=16, gate=TINY_GATE), lower="eager")
     with_attention = kopt.compile(model, fp8=Fp8Config(min_features=16, gate=TINY_GATE, attention=True),
                                   lower="eager", verify=True, strict=True)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kopt
 from kopt.fx.capture import trace_function
 from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
 from kopt.passes.manager import run_passes
-from kopt.workloads import get_workload
-from tests.conftest import rel_err
+from tests.conftest import compile_close_to_eager
 
 PIPELINE = ["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope", "fuse-joint-attention-input",
             "staging"]
@@ -20,13 +18,7 @@ PIPELINE = ["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_fires_on_every_joint_q_and_k_of_tiny_qwen_image(dtype, bound):
     """2 dual-stream blocks × (Q, K) = 4 joint inputs; no per-stream op is left."""
-    workload = get_workload("qwen-image")
-    torch.manual_seed(0)
-    model = workload.model("tiny", dtype=dtype)
-    compiled = kopt.compile(model, passes=PIPELINE, lower="eager", verify=True)
-    inputs = workload.inputs("tiny", seed=41, dtype=dtype)
-    with torch.no_grad():
-        assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < bound
+    compiled = compile_close_to_eager("qwen-image", bound, seed=41, dtype=dtype, passes=PIPELINE)
     report = compiled.kopt_report
     assert report.matches("fuse-qk-norm-rope") == 8
     assert report.matches("fuse-joint-attention-input") == 4

@@ -12,7 +12,7 @@ from kopt.fx.capture import trace_function
 from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
 from kopt.passes.manager import run_passes
 from kopt.workloads import get_workload
-from tests.conftest import rel_err
+from tests.conftest import compile_close_to_eager, rel_err
 
 PIPELINE = ["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope", "staging"]
 
@@ -20,13 +20,7 @@ PIPELINE = ["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_fires_on_every_q_and_k_of_tiny_qwen_image(dtype, bound):
     """2 blocks × (image, text) × (Q, K) = 8 regions; the output stays within the dtype's bound."""
-    workload = get_workload("qwen-image")
-    torch.manual_seed(0)
-    model = workload.model("tiny", dtype=dtype)
-    compiled = kopt.compile(model, passes=PIPELINE, lower="eager", verify=True)
-    inputs = workload.inputs("tiny", seed=21, dtype=dtype)
-    with torch.no_grad():
-        assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < bound
+    compiled = compile_close_to_eager("qwen-image", bound, seed=21, dtype=dtype, passes=PIPELINE)
     assert compiled.kopt_report.matches("fuse-qk-norm-rope") == 8
     assert compiled.kopt_report.graphs[0].fallback is None
 

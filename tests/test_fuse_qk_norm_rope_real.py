@@ -9,13 +9,11 @@ import pytest
 import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
 
-import kopt
 from kopt.fx.capture import trace_function
 from kopt.fx.graph_utils import refresh_meta
 from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
 from kopt.passes.manager import run_passes
-from kopt.workloads import get_workload
-from tests.conftest import rel_err
+from tests.conftest import compile_close_to_eager, rel_err
 
 FUSED = ["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope-real", "staging"]
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -41,13 +39,7 @@ def _targets(graph_module: torch.fx.GraphModule) -> set:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fires_on_every_q_and_k_of_tiny_flux2(dtype):
     """1 double-stream block (joint text+image Q, K) and 1 single-stream block (Q, K)."""
-    workload = get_workload("flux2")
-    torch.manual_seed(0)
-    model = workload.model("tiny", dtype=dtype)
-    compiled = kopt.compile(model, passes=FUSED, lower="eager", verify=True)
-    inputs = workload.inputs("tiny", seed=31, dtype=dtype)
-    with torch.no_grad():
-        assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < BOUND[dtype]
+    compiled = compile_close_to_eager("flux2", BOUND[dtype], seed=31, dtype=dtype, passes=FUSED)
     (record,) = compiled.kopt_report.pass_records("fuse-qk-norm-rope-real")
     assert record.matches == {"joint-qk-norm-rope-real": 2, "qk-norm-rope-real": 2}, record.near_misses
     assert compiled.kopt_report.graphs[0].fallback is None
