@@ -180,3 +180,14 @@ def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
     assert [r["kernel"] for r in attention_rows] == ["sdpa bf16", "kopt fp8"]
     assert all(0 < r["rel_err"] < 0.2 for r in attention_rows)  # the interpreter truncates FP8 rounding
     assert (tmp_path / "fp8-gemm.md").exists()
+
+
+def test_floor_report_reads_a_saved_run():
+    """benchmarks/floor.py on a committed H200 result: the floor the notes quote (77.8 ms on Qwen-Image)."""
+    import json
+
+    from benchmarks.floor import report
+
+    results = json.loads((REPO / "benchmarks/results/dit-full-qwen-image-s3e.json").read_text())
+    text = report(results, 1420.0, 3)
+    assert "= 77.8 ms" in text and "| kopt-fp8-attn | forward | 109.67 |" in text
