@@ -57,6 +57,7 @@ class Variant:
     prepare: Callable[[nn.Module, Setup], Prepared]
     cfg_pair: bool = False
     mutates_model: bool = False
+    exclusive: bool = False  # leaves the model unusable: no other model-mutating variant may share its process
     estimate_full_s: float = 60.0  # rough wall seconds at full size (compile + timing + profile)
     aliases: tuple[str, ...] = ()
 
@@ -172,7 +173,7 @@ def all_variants() -> list[Variant]:
         # on the model after it, so it is the only model-mutating variant of its process
         Variant("kopt-fp8-release", "kopt fp8 with release_weights=True (peak memory)",
                 _kopt(dict(passes="auto", fp8=Fp8Config(), release_weights=True)), cfg_pair=True,
-                mutates_model=True, estimate_full_s=200),
+                mutates_model=True, exclusive=True, estimate_full_s=200),
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
                 estimate_full_s=180, aliases=("fp8",)),
@@ -208,9 +209,9 @@ def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
     if whole_model and "torch.compile-full" not in chosen:
         chosen.append("torch.compile-full")
     ordered = [known[n] for n in chosen]
-    mutating = [v.name for v in ordered if v.mutates_model]
-    if "kopt-fp8-release" in mutating and len(mutating) > 1:
-        others = [name for name in mutating if name != "kopt-fp8-release"]
-        raise SystemExit(f"kopt-fp8-release frees the model's weights: run it without {others} "
-                         "(one model-mutating variant per process)")
+    mutating = [v for v in ordered if v.mutates_model]
+    for variant in (v for v in mutating if v.exclusive and len(mutating) > 1):
+        others = [v.name for v in mutating if v is not variant]
+        raise SystemExit(f"{variant.name} leaves the model unusable: run it without {others} "
+                         "(the only model-mutating variant of its process)")
     return [v for v in ordered if not v.mutates_model] + [v for v in ordered if v.mutates_model]

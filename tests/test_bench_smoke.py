@@ -122,6 +122,10 @@ def test_quantize_replaces_block_linears_only_and_is_idempotent() -> None:
 def test_model_mutating_variants_run_last() -> None:
     names = [v.name for v in select("fp8,eager,kopt", "full", whole_model=False)]
     assert names == ["eager", "kopt", "fp8+torch.compile"]
+    releasing = select("kopt-fp8-release,eager", "full", whole_model=False)
+    assert [v.name for v in releasing] == ["eager", "kopt-fp8-release"]
+    with pytest.raises(SystemExit, match="kopt-fp8-release leaves the model unusable"):
+        select("eager,kopt-fp8-release,fp8", "full", whole_model=False)
     assert "torch.compile-full" not in [v.name for v in select("auto", "full", whole_model=False)]
     assert "torch.compile-full" in [v.name for v in select("auto", "full", whole_model=True)]
 
