@@ -99,8 +99,11 @@ def layer_norm_rows(x, mask, N, eps):
 
 
 @triton.jit
-def modulate_rows(normed, scale, shift):
-    """``normed * (1 + scale) + shift`` in float32 (scale/shift broadcast over the tile's rows)."""
+def modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask):
+    """``normed * (1 + scale) + shift`` in float32, the tile's scale and shift rows loaded here (per
+    batch, broadcast over its rows)."""
+    scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
+    shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
     return normed * (1.0 + scale) + shift
 
 

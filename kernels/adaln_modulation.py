@@ -31,7 +31,6 @@ from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._rows import (
     DTYPES,
     layer_norm_rows,
-    load_modulation,
     modulate_rows,
     modulation_rows,
     one_batch,
@@ -96,9 +95,7 @@ def _adaln_modulation_kernel(
     else:
         normed = layer_norm_rows(x, mask, N, eps)
 
-    scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
-    shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
-    y = modulate_rows(normed, scale, shift)
+    y = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
     tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

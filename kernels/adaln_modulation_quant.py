@@ -27,7 +27,6 @@ from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._rows import (
     DTYPES,
     layer_norm_rows,
-    load_modulation,
     modulate_rows,
     modulation_rows,
     one_batch,
@@ -59,9 +58,8 @@ def _adaln_modulation_quant_kernel(x_ptr, scale_ptr, shift_ptr, weight_ptr, q_pt
             normed = normed * tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     else:
         normed = layer_norm_rows(x, mask, N, eps)
-    scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
-    shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
-    y = modulate_rows(normed, scale, shift).to(x_ptr.dtype.element_ty).to(tl.float32)  # the graph's rounding
+    y = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # the graph's rounding
     store_fp8_rows(y, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM)
 
 

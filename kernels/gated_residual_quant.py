@@ -29,7 +29,6 @@ from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._rows import (
     DTYPES,
     gated_residual_rows,
-    load_modulation,
     modulate_rows,
     modulation_rows,
     one_batch,
@@ -56,9 +55,8 @@ def _gated_residual_quant_kernel(r_ptr, y_ptr, gate_ptr, scale_ptr, shift_ptr, r
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
                                  stride_gate_b, N, eps)
-    scale = load_modulation(scale_ptr, stride_scale_b, batch, cols, mod_mask)
-    shift = load_modulation(shift_ptr, stride_shift_b, batch, cols, mod_mask)
-    m = modulate_rows(normed, scale, shift).to(r_out_ptr.dtype.element_ty).to(tl.float32)  # the bf16 op's m
+    m = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
+    m = m.to(r_out_ptr.dtype.element_ty).to(tl.float32)  # the bf16 op's m
     store_fp8_rows(m, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM)
 
 
