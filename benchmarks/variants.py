@@ -124,7 +124,7 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-fp8-inductor-norms": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope",
                                             "fuse-qk-norm-rope-real", "fuse-joint-attention-input", "staging"],
                                     fp8=Fp8Config()),
-    # FP8 linears and FP8 attention (kopt::fp8_attention: Q, K per row, V per key tile)
+    # FP8 linears and FP8 attention (kopt::fp8_attention: Q per row, K and V per key tile)
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
     # DeepSeek-V3 block scales: 1x128 activation slices, 128x128 weight tiles (cuBLAS block-scaled GEMM)
     "kopt-fp8-block": dict(passes="auto", fp8=Fp8Config(granularity="block-128x128")),

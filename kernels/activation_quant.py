@@ -16,8 +16,9 @@ per Qwen-Image feed-forward) is read twice from DRAM. Here one program owns one 
 passes over it back to back, so the second read of the row can come from L2 — if few enough rows are
 in flight for their inputs to stay there (73 KB per FLUX.2 row). How many are in flight is set by
 the launch config (BLOCK columns per step, num_warps), which is autotuned per shape. When the
-prefix and the activation each fit one BLOCK (Qwen-Image: F = 12288 with BLOCK = 16384), the
-values stay in registers between the amax and the store: one read of the row.
+prefix and the activation each fit one BLOCK (Qwen-Image: F = 12288 with BLOCK = 16384; FLUX.2:
+F = 18432 and P = 6144 with BLOCK = 32768 over 32 warps, the prefix in its own power-of-two block),
+the values stay in registers between the amax and the store: one read of the row.
 
 Numerics equal the unfused graph's: each activation step is rounded to h.dtype as the bf16 graph
 rounds it (silu, then the product; gelu), then quantized exactly like
@@ -86,22 +87,24 @@ def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr):
 @triton.jit
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                             P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr):
+                             P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr,
+                             PREFIX_BLOCK: tl.constexpr):
     # The trip counts are constexpr (one compile per width): Triton's CPU interpreter cannot loop to a
     # runtime bound, and a model has only a few distinct widths.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    if ONE_PASS:  # the prefix and the activation each fit one BLOCK: one read, the values kept in registers
+    if ONE_PASS:  # the activation fits one BLOCK (the prefix one PREFIX_BLOCK): one read, values kept in registers
         y = _activation(h_ptr, row * stride_h, cols, cols < F, F, IS_SWIGLU)
         row_max = tl.max(tl.abs(y), axis=0)
         if HAS_PREFIX:
-            x = tl.load(prefix_ptr + row * stride_p + cols, mask=cols < P, other=0.0).to(tl.float32)
+            prefix_cols = tl.arange(0, PREFIX_BLOCK)
+            x = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=prefix_cols < P, other=0.0).to(tl.float32)
             row_max = tl.maximum(row_max, tl.max(tl.abs(x), axis=0))
         scale = fp8_scale(row_max)
         tl.store(scale_ptr + row, scale)
         if HAS_PREFIX:
             q = fp8_values(x, scale)
-            tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=cols < P)
+            tl.store(q_ptr + row * stride_q + prefix_cols, q.to(q_ptr.dtype.element_ty), mask=prefix_cols < P)
         q = fp8_values(y, scale)
         tl.store(q_ptr + row * stride_q + P + cols, q.to(q_ptr.dtype.element_ty), mask=cols < F)
     else:  # two passes over the row, BLOCK columns at a time
@@ -133,8 +136,8 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
 
 
 DEFAULT_CONFIG: Config = {"BLOCK": 1024, "num_warps": 4}
-_BLOCKS = (1024, 2048, 4096, 8192, 16384)  # the large ones keep a whole row in registers (one read)
-_WARPS = (4, 8, 16)
+_BLOCKS = (1024, 2048, 4096, 8192, 16384, 32768)  # the large ones keep a whole row in registers (one read)
+_WARPS = (4, 8, 16, 32)
 
 
 @functools.cache
@@ -195,6 +198,7 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
             prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0),
             HAS_PREFIX=prefix is not None, IS_SWIGLU=act == "swiglu", BLOCK=block,
             P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), ONE_PASS=f <= block and p <= block,
+            PREFIX_BLOCK=triton.next_power_of_2(max(p, 1)),
             num_warps=cfg["num_warps"])
 
     def on_scratch() -> Callable[[Config], None]:

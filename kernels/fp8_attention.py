@@ -1,26 +1,33 @@
 """Attention with FP8 tensor-core products: ``softmax(Q Kᵀ · scale + bias) V``, non-causal.
 
-    K, V  → FP8 once per call (:func:`quantize_kv`): K with one scale per key (row), V with one
-            scale per tile of BLOCK_N keys, V written transposed (keys contiguous), the layout
-            Hopper's FP8 tensor cores take for the second product;
+    K, V  → FP8 once per call (:func:`quantize_kv`): one scale per tile of BLOCK_N keys each, V
+            written transposed (keys contiguous), the layout Hopper's FP8 tensor cores take for
+            the second product;
     Q     → FP8 per query row, inside the attention kernel (each Q tile is loaded once);
-    S     = (q8 · k8ᵀ) ⊙ (s_q s_kᵀ) · scale + bias        exact rescaling of the FP8 product (rank one)
-    P     = exp(S − running max)  ∈ [0, 1], multiplied by 448 and rounded to FP8 for P · V
-    O     = Σ (p8 · v8) · s_v / 448 / Σ P                  online softmax (FlashAttention's recurrence)
+    S     = (q8 · k8ᵀ) · s_q · s_k(tile) · scale + bias     exact rescaling of the FP8 product
+    P     = exp(S − running max) ∈ [0, 1], times 448 · s_v(tile) / s_v(max), rounded to FP8 for P · V
+    O     = Σ (p8 · v8) · s_v(max) / 448 / Σ P               online softmax (FlashAttention's recurrence)
+
+Per-tile K and V scales (rather than per key) make every scale a per-row vector of the tile: a
+logit costs one FMA and one exp2, and P · V accumulates straight into the output accumulator on
+the tensor cores (see :func:`_attend_chunk`). The softmax's per-element work, not the products,
+bounds FP8 attention on Hopper, so this is where the time is.
 
 Why: the DiT's attention runs bf16 tensor-core products (~510 TFLOP/s in cuDNN at FLUX.2's shape on
-the lent H200), and FP8 products have twice bf16's peak rate. The per-row scales of Q and K keep
-the logits' relative error at FP8's own (~2⁻⁴ per element, averaging over the head dim);
+the lent H200), and FP8 products have twice bf16's peak rate. The per-row scales of Q and the
+per-tile scales of K keep the logits' relative error near FP8's own (~2⁻⁴ per element, averaging
+over the head dim; normalised keys have similar magnitudes within a tile);
 ``bias`` is an additive key mask (B, S_k), e.g. Qwen-Image's 0 / −inf text padding.
 
 The contract is ``quality`` (the FP8 gate): :func:`reference` is the same quantization of Q, K
 and V followed by exact float32 attention; the kernel additionally rounds P to FP8.
 
-Measured on the H200 (e60a546, whole models): as fast as cuDNN's bf16 attention at Qwen-Image's
-shape (35.8 against 36.1 ms per forward) and 37 % slower at FLUX.2's (79.7 against 58.2 ms): this
-straightforward FlashAttention-2-style loop has no warp specialisation or TMA pipelining, which is
-where Hopper attention kernels get their speed. Hence ``Fp8Config(attention=False)`` by default;
-``benchmarks/attention.py`` times every launch config against torch's SDPA.
+Measured on the H200 (e60a546, whole models), with per-key K scales and the scales applied per
+logit: as fast as cuDNN's bf16 attention at Qwen-Image's shape (35.8 against 36.1 ms per forward)
+and 37 % slower at FLUX.2's (79.7 against 58.2 ms). The loop has no warp specialisation or TMA
+pipelining either, which is where Hopper attention kernels get the rest of their speed. Hence
+``Fp8Config(attention=False)`` by default; ``benchmarks/attention.py`` times every launch config
+against torch's SDPA.
 
 FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D·e, write half of it.
 """
@@ -42,7 +49,7 @@ from kopt.kernels._rows import fp8_rows, fp8_scale, fp8_values
 __all__ = ["candidates", "fp8_attention", "launch", "quantize_kv", "reference"]
 
 HEAD_DIMS = (32, 64, 128)
-SPEC_BLOCK_N = 128  # the V tile of the spec (the kernel's tile is its BLOCK_N)
+SPEC_BLOCK_N = 128  # the K/V tile of the spec (the kernel's tile is its BLOCK_N)
 _LOG2E = 1.4426950408889634  # log2(e)
 
 
@@ -64,9 +71,9 @@ def _tiles_scaled(v: torch.Tensor, block_n: int) -> torch.Tensor:
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
               scale: float | None = None, block_n: int = SPEC_BLOCK_N) -> torch.Tensor:
-    """Spec: Q, K per row and V per ``block_n``-key tile through FP8, then float32 attention."""
+    """Spec: Q per row, K and V per ``block_n``-key tile through FP8, then float32 attention."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = _rows_scaled(q) @ _rows_scaled(k).transpose(-1, -2) * scale
+    logits = _rows_scaled(q) @ _tiles_scaled(k, block_n).transpose(-1, -2) * scale
     if bias is not None:
         logits = logits + bias.float()[:, None, None, :]
     return (torch.softmax(logits, dim=-1) @ _tiles_scaled(v, block_n)).to(q.dtype)
@@ -85,44 +92,57 @@ def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp
     valid = offs_n[:, None] < S_k
     k = tl.load(k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
                 mask=valid, other=0.0).to(tl.float32)
-    k8, ks = fp8_rows(k)
-    tl.store(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :], k8.to(k8_ptr.dtype.element_ty))
-    tl.store(ks_ptr + bh * S_kp + offs_n, ks)
+    ks = fp8_scale(tl.max(tl.max(tl.abs(k), axis=1), axis=0))
+    tl.store(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :],
+             fp8_values(k, ks).to(k8_ptr.dtype.element_ty))
+    tl.store(ks_ptr + bh * N_CHUNKS + chunk, ks)
     v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
                 mask=valid, other=0.0).to(tl.float32)
     vs = fp8_scale(tl.max(tl.max(tl.abs(v), axis=1), axis=0))
-    v8 = fp8_values(v, vs)
-    tl.store(v8t_ptr + bh * D * S_kp + offs_d[None, :] * S_kp + offs_n[:, None], v8.to(v8t_ptr.dtype.element_ty))
+    tl.store(v8t_ptr + bh * D * S_kp + offs_d[None, :] * S_kp + offs_n[:, None],
+             fp8_values(v, vs).to(v8t_ptr.dtype.element_ty))
     tl.store(vs_ptr + bh * N_CHUNKS + chunk, vs)
 
 
 @triton.jit
-def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, b, bh, S_k, S_kp,
-                  stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, b,
+                  bh, S_k, S_kp, stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                   N_CHUNKS: tl.constexpr, MASKED: tl.constexpr):
-    """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it."""
+    """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it.
+
+    Every scale is folded into per-row vectors, so each logit costs one FMA and one exp2:
+    ``qk · c − offset`` with c = s_q · s_k(tile) · scale · log2(e), and the offset also holding
+    log2(448 · s_v(tile) / s_v(max)), so that P comes out of exp2 already scaled for the FP8 cast
+    and for this tile's V scale; P · V then accumulates straight into ``acc`` (in units of
+    s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P."""
     offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
-    ks = tl.load(ks_ptr + bh * S_kp + offs_n)
-    s = tl.dot(q8, tl.trans(k8)) * row_scale[:, None] * ks[None, :]
+    c = row_scale * tl.load(ks_ptr + bh * N_CHUNKS + chunk)
+    qk = tl.dot(q8, tl.trans(k8))
     if HAS_BIAS:
         if MASKED:
             key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0)
         else:
             key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n)
-        s += key_bias.to(tl.float32) * 1.4426950408889634  # log2(e): the bias joins base-2 logits
+        qk = qk * c[:, None] + key_bias.to(tl.float32)[None, :] * 1.4426950408889634  # log2(e): base-2 logits
     if MASKED:
-        s = tl.where(offs_n[None, :] < S_k, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        qk = tl.where(offs_n[None, :] < S_k, qk, float("-inf"))
+    if HAS_BIAS:
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * c)  # c > 0: the max of the scaled row
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
-    p = tl.exp2(s - m_safe[:, None])
+    log2_p_scale = 8.807354922057604 + tl.log2(tl.load(vs_ptr + bh * N_CHUNKS + chunk)) - log2_vs_max  # log2(448 r)
+    offset = m_safe - log2_p_scale
+    if HAS_BIAS:
+        p = tl.exp2(qk - offset[:, None])  # P · 448 · s_v(tile) / s_v(max)
+    else:
+        p = tl.exp2(qk * c[:, None] - offset[:, None])  # one FMA and one exp2 per logit
     alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    l_i = l_i * alpha + tl.sum(p, axis=1) * tl.exp2(-log2_p_scale)
     vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
-    vs = tl.load(vs_ptr + bh * N_CHUNKS + chunk)
-    pv = tl.dot((p * 448.0).to(k8_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), tl.trans(vt8))
-    acc = acc * alpha[:, None] + pv * (vs / 448.0)
+    acc = tl.dot(p.to(k8_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), tl.trans(vt8), acc * alpha[:, None])
     return m_new, l_i, acc
 
 
@@ -130,7 +150,8 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, 
 def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr):
+                          BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
+                          CHUNKS_POW2: tl.constexpr):
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
     # fills (no key mask); a partial last tile, if any, is the only masked one.
     pid_m = tl.program_id(0)
@@ -143,16 +164,21 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
     q8, qs = fp8_rows(q)
     q8 = q8.to(k8_ptr.dtype.element_ty)
     row_scale = qs * qk_scale
+    chunks = tl.arange(0, CHUNKS_POW2)
+    vs_max = tl.max(tl.load(vs_ptr + bh * N_CHUNKS + chunks, mask=chunks < N_CHUNKS, other=0.0), axis=0)
+    log2_vs_max = tl.log2(vs_max)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for chunk in range(0, N_FULL):
-        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr,
-                                      b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N, N_CHUNKS, False)
+        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
+                                      vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N,
+                                      N_CHUNKS, False)
     if N_FULL < N_CHUNKS:
-        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, k8_ptr, v8t_ptr, ks_ptr, vs_ptr,
-                                      bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N, N_CHUNKS, True)
-    out = acc / l_i[:, None]
+        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, log2_vs_max, k8_ptr, v8t_ptr,
+                                      ks_ptr, vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
+                                      BLOCK_N, N_CHUNKS, True)
+    out = acc * (vs_max / 448.0) / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
 
@@ -177,14 +203,14 @@ def candidates() -> list[Config]:
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(k8 (BH, S_kp, D), v8 transposed (BH, D, S_kp), per-key scales (BH, S_kp), per-tile V scales
+    """(k8 (BH, S_kp, D), v8 transposed (BH, D, S_kp), per-tile K scales and per-tile V scales, each
     (BH, S_kp / block_n)), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
     b, h, s_k, d = k.shape
     chunks = triton.cdiv(s_k, block_n)
     s_kp = chunks * block_n
     k8 = torch.empty((b * h, s_kp, d), dtype=FP8, device=k.device)
     v8t = torch.empty((b * h, d, s_kp), dtype=FP8, device=k.device)
-    ks = torch.empty((b * h, s_kp), dtype=torch.float32, device=k.device)
+    ks = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
     vs = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
     _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, h, s_k, s_kp, k.stride(0), k.stride(1), k.stride(2),
                                       v.stride(0), v.stride(1), v.stride(2), D=d, BLOCK_N=block_n,
@@ -192,7 +218,10 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
     return k8, v8t, ks, vs
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None) -> None:
+    if scale is not None and not scale > 0:
+        raise ValueError(f"fp8_attention: the softmax scale must be positive (the kernel takes row maxima of "
+                         f"unscaled logits), got {scale}")
     if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError(f"fp8_attention: q, k, v must be (B, H, S, D) with equal B, H, D and equal k/v shapes, "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -216,7 +245,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
            scale: float | None = None, *, config: Config | None = None) -> torch.Tensor:
     """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
     as :func:`empty_output` says."""
-    _check(q, k, v, bias)
+    _check(q, k, v, bias, scale)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     scale = d ** -0.5 if scale is None else scale
@@ -233,6 +262,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=s_k // block_n,
+            CHUNKS_POW2=triton.next_power_of_2(chunks),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:
@@ -254,7 +284,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     """FP8 attention (B, H, S, D) → (B, H, S, D); the Triton kernels on CUDA, the spec elsewhere."""
     if q.is_cuda:
         return launch(q, k, v, bias, scale)
-    _check(q, k, v, bias)
+    _check(q, k, v, bias, scale)
     return empty_output(q).copy_(reference(q, k, v, bias, scale))
 
 

@@ -48,7 +48,7 @@ class Fp8Config:
         min_features: linears with fewer input or output features stay bf16 (quantizing a small
             GEMM costs more than it saves).
         gate: the quality the quantized model must keep (checked by ``verify=True``).
-        attention: also run attention in FP8 (``fp8-attention``: Q, K per row and V per key tile on
+        attention: also run attention in FP8 (``fp8-attention``: Q per row, K and V per key tile on
             FP8 tensor cores). Off by default: it adds the attention's FP8 rounding to the linears'.
     """
 

@@ -70,12 +70,14 @@ def match(node: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
         if any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users):
             return "the log-sum-exp (or another secondary output) is read"
     scale = params.get("scale")
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        return f"softmax scale {scale!r} (the kernel takes a positive constant)"
     return params["query"], params["key"], params["value"], mask, scale  # type: ignore[return-value]
 
 
 class Fp8Attention(Fp8Pass):
     name = "fp8-attention"
-    why = "attention products on FP8 tensor cores (Q, K per row, V per key tile), twice bf16's peak rate"
+    why = "attention products on FP8 tensor cores (Q per row, K and V per key tile), twice bf16's peak rate"
     default_config = Fp8Config(attention=True)
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:

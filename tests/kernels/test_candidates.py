@@ -135,7 +135,7 @@ ACTIVATION_QUANT_CONFIGS = _unique(activation_quant.candidates(6144 + 18432), ac
 
 def test_activation_quant_candidates_start_with_the_old_config():
     assert ACTIVATION_QUANT_CONFIGS[0] == activation_quant.DEFAULT_CONFIG
-    assert {c["num_warps"] for c in ACTIVATION_QUANT_CONFIGS} == {4, 8, 16}
+    assert {c["num_warps"] for c in ACTIVATION_QUANT_CONFIGS} == {4, 8, 16, 32}
 
 
 @pytest.mark.parametrize("config", _params(ACTIVATION_QUANT_CONFIGS))

@@ -15,8 +15,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _on_grid(*shape, row_scale, generator):
-    """Values whose per-row FP8 quantization is exact: FP8 numbers times one scale per row, each row
-    reaching ±448 · scale. Then the kernel and the spec differ only by the kernel's FP8 rounding of P."""
+    """Values whose FP8 quantization (per row, or per tile of rows sharing a scale) is exact: FP8
+    numbers times a scale per row, each row reaching ±448 · scale. Then the kernel and the spec differ
+    only by the kernel's FP8 rounding of P."""
     x = (torch.randn(*shape, generator=generator) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).float()
     x[..., 0] = 448.0
     return x * row_scale
@@ -25,8 +26,9 @@ def _on_grid(*shape, row_scale, generator):
 def _inputs(b, h, s_q, s_k, d, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     q = _on_grid(b, h, s_q, d, row_scale=torch.rand(b, h, s_q, 1, generator=g) * 0.01, generator=g)
-    k = _on_grid(b, h, s_k, d, row_scale=torch.rand(b, h, s_k, 1, generator=g) * 0.01, generator=g)
-    v = _on_grid(b, h, s_k, d, row_scale=0.003, generator=g)  # one scale: every V tile's amax is 448 · 0.003
+    # one scale for K and one for V: every key tile's amax is 448 · scale, whatever the kernel's tile
+    k = _on_grid(b, h, s_k, d, row_scale=0.006, generator=g)
+    v = _on_grid(b, h, s_k, d, row_scale=0.003, generator=g)
     bias = torch.randn(b, s_k, generator=g)
     bias[:, s_k - s_k // 5:] = float("-inf")  # padded keys, as Qwen-Image's text mask gives
     to = lambda t: t.to(device)  # noqa: E731
@@ -65,8 +67,8 @@ def test_masked_keys_do_not_matter():
     out = mod.launch(q, k, v, bias, None, config=config)
     masked = torch.isinf(bias)[:, None, :, None].expand_as(k)
     k2, v2 = k.clone(), v.clone()
-    k2[masked] = 5.0  # K has one scale per key: other keys are untouched
-    v2[masked] = -v.abs().max()  # within every V tile's amax, so the tiles keep their scales
+    k2[masked] = -k[masked]  # negated: every K and V tile keeps its amax, hence its scale
+    v2[masked] = -v[masked]
     assert torch.equal(mod.launch(q, k2, v2, bias, None, config=config), out)
 
 
