@@ -191,7 +191,7 @@ DEFAULT_CONFIG: Config = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_s
 def _candidates() -> tuple[Config, ...]:
     out = [dict(DEFAULT_CONFIG)]
     for block_m, block_n, warps, stages in ((128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 128, 4, 3),
-                                            (128, 128, 4, 3), (64, 64, 4, 4)):
+                                            (128, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 4, 2)):
         out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
     return tuple(out)
 

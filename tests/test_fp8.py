@@ -4,6 +4,7 @@ the layer-sensitivity scan. Fresh random inputs; errors relative, in float64."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -231,11 +232,20 @@ def test_gpu_pass_computes_the_fake_quantized_model(granularity, dtype):
     torch.manual_seed(0)
     mlp = Mlp(dtype, width=512).cuda()  # K = 512, 1024: whole groups of four 128-blocks, as cuBLAS requires
     compiled = kopt.compile(mlp, passes=[], fp8=Fp8Config(granularity=granularity, min_features=16))
+    exact = copy.deepcopy(mlp).double()
     with torch.no_grad():
         for seed in (1, 2):
             g = torch.Generator("cuda").manual_seed(seed)
             x = (torch.randn(3, 256, 512, device="cuda", generator=g) + 0.5).to(dtype)
-            assert rel_err(compiled(x), simulated(mlp, x, Granularity(granularity))) < 1e-2
+            out, by_hand, truth = compiled(x), simulated(mlp, x, Granularity(granularity)), exact(x.double())
+            if dtype == torch.float32:
+                assert rel_err(out, by_hand) < 1e-2
+            else:
+                # Inductor keeps the GELU in float32 inside its fused quantize kernel (the graph rounds it
+                # to bf16 first), which moves some values across an FP8 step: the two FP8 models differ
+                # by about as much as each differs from the exact one, and kopt's must be no worse.
+                assert rel_err(out, by_hand) < 0.03
+                assert rel_err(out, truth) < 1.25 * rel_err(by_hand, truth)
     (record,) = compiled.kopt_report.pass_records("fp8-linear")
     assert record.matches == {"fp8-linear": 2}, record.near_misses
 
