@@ -1,5 +1,6 @@
 """Where a forward's time goes: profiler kernel time grouped into GEMM / attention / norm+elementwise /
-copies / other, and kernel launches per forward.
+copies / other, kernel launches per forward, and (CUDA) each forward's timeline: how long the host
+ran before the first kernel started, and how long the GPU sat idle between kernels.
 
 On CUDA every device-side event (kernels, memcpy, memset) is classified by its name with
 :func:`classify`; ``launches`` counts those events per forward. On the CPU (the tiny smoke mode)
@@ -15,9 +16,10 @@ from typing import Any
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 CATEGORIES = ("gemm", "attention", "norm_elementwise", "copies", "other")
+_MARK = "kopt_breakdown_forward_"
 
 # Checked in this order; the first category with a matching (lower-case) substring wins.
 # Inductor's matmul templates ("triton_tem_*") are GEMMs; every other Inductor kernel ("triton_poi_*",
@@ -95,10 +97,11 @@ def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int
     if on_cuda:
         torch.cuda.synchronize(device)
     with profile(activities=activities) as prof:
-        for _ in range(forwards):
-            fn()
-        if on_cuda:
-            torch.cuda.synchronize(device)
+        for index in range(forwards):
+            with record_function(f"{_MARK}{index}"):  # one synchronised forward per marker
+                fn()
+                if on_cuda:
+                    torch.cuda.synchronize(device)
     events = _device_events(prof) if on_cuda else _cpu_op_events(prof)
     per_category: dict[str, float] = {c: 0.0 for c in CATEGORIES}
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -114,6 +117,49 @@ def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int
         "ms": {c: round(v * scale, 4) for c, v in per_category.items()},
         "kernel_ms": round(sum(per_category.values()) * scale, 4),
         "launches": round(len(events) / forwards, 1) if on_cuda else None,
+        "timeline": timeline(prof) if on_cuda else None,
         "top": [{"name": name[:160], "category": classify(name), "ms": round(t * scale, 4),
                  "calls_per_forward": round(n / forwards, 2)} for name, (t, n) in ranked],
     }
+
+
+def timeline(prof: profile) -> dict[str, float] | None:
+    """The forwards' timeline (see :func:`forward_timeline`) from a profile taken by
+    :func:`profile_breakdown`, which marks each synchronised forward."""
+    marks = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.name.startswith(_MARK)]
+    device = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return forward_timeline(marks, device)
+
+
+def forward_timeline(forwards: list[tuple[float, float]], device: list[tuple[float, float]]
+                     ) -> dict[str, float] | None:
+    """Per synchronised forward ((start, end) on the profiler's common CPU/GPU clock, microseconds),
+    averaged, in ms:
+
+    * ``host_before_first_kernel``: from the call's start to the first device event's start (guards,
+      Python dispatch, the step-invariant memo's key read, input copies into a CUDA graph);
+    * ``idle_between_kernels``: the GPU's idle time between the first event's start and the last
+      event's end (launch latency between dependent kernels, host stalls mid-forward);
+    * ``busy``: the union of device events; ``span``: first start to last end.
+
+    The profiler adds its own per-launch cost, so these attribute time; they are not the timed median."""
+    device = sorted(device)
+    sums = {"host_before_first_kernel": 0.0, "idle_between_kernels": 0.0, "busy": 0.0, "span": 0.0}
+    counted = 0
+    for start, stop in sorted(forwards):
+        inside = [(a, b) for a, b in device if start <= a <= stop]
+        if not inside:
+            continue
+        busy, end = 0.0, inside[0][0]
+        for a, b in inside:  # union of intervals, sorted by start
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+        span = end - inside[0][0]
+        sums["host_before_first_kernel"] += inside[0][0] - start
+        sums["idle_between_kernels"] += span - busy
+        sums["busy"] += busy
+        sums["span"] += span
+        counted += 1
+    if not counted:
+        return None
+    return {name: round(value / counted / 1e3, 4) for name, value in sums.items()}

@@ -22,6 +22,7 @@ import dataclasses
 import datetime
 import itertools
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ from benchmarks.measure import (
     reset_peak_memory,
 )
 from benchmarks.variants import Prepared, Setup, Variant, all_variants, select
+from kopt.kernels import _autotune
 from kopt.workloads import Workload, get_workload
 from kopt.workloads.base import step_factor
 
@@ -88,6 +90,8 @@ class Run:
         results = {**self.results, "rows": self.results["rows"] + (pending or [])}
         for note in results_io.write_all(results, Path(self.args.out), name, png=png):
             self.log(note)
+        if _autotune.TUNER.path.exists():  # the launch configs the kernels chose, with every candidate's time
+            shutil.copyfile(_autotune.TUNER.path, Path(self.args.out) / f"{name}.autotune.json")
 
 
 # ---------------------------------------------------------------- command line

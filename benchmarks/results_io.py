@@ -134,15 +134,19 @@ def short_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def breakdown_table(breakdowns: Sequence[Mapping[str, Any]]) -> str:
-    """Kernel ms per forward by category, per (model, variant)."""
+    """Kernel ms per forward by category, per (model, variant); on CUDA also the profiled timeline's
+    host time before the first kernel and GPU idle time between kernels (see breakdown.timeline)."""
     lines = ["| model | variant | GEMM | attention | norm/elementwise | copies | other | kernel total "
-             "| median − kernels | launches |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| median − kernels | host before 1st kernel | GPU idle between kernels | launches |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for b in breakdowns:
-        ms = b["ms"]
+        ms, line = b["ms"], b.get("timeline") or {}
         variant = b["variant"] if b.get("call", "forward") == "forward" else f"{b['variant']} ({b['call']})"
         lines.append(f"| {b['model']} | {variant} | {_fmt(ms['gemm'])} | {_fmt(ms['attention'])} "
                      f"| {_fmt(ms['norm_elementwise'])} | {_fmt(ms['copies'])} | {_fmt(ms['other'])} "
-                     f"| {_fmt(b['kernel_ms'])} | {_fmt(b.get('gap_ms'))} | {_fmt(b.get('launches'), 0)} |")
+                     f"| {_fmt(b['kernel_ms'])} | {_fmt(b.get('gap_ms'))} "
+                     f"| {_fmt(line.get('host_before_first_kernel'))} | {_fmt(line.get('idle_between_kernels'))} "
+                     f"| {_fmt(b.get('launches'), 0)} |")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.breakdown import classify
+from benchmarks.breakdown import classify, forward_timeline
 from benchmarks.fp8_baseline import RowwiseFp8Linear, quantize_linears
 from benchmarks.variants import select
 
@@ -92,6 +92,14 @@ def test_results_carry_breakdown_flops_and_kopt_report(tiny_results: dict) -> No
 ])
 def test_kernel_names_are_classified(name: str, category: str) -> None:
     assert classify(name) == category
+
+
+def test_forward_timeline_splits_host_time_idle_gpu_and_busy_gpu() -> None:
+    # two forwards (microseconds): host 100 then kernels [100, 300] and [250, 400] (overlapping) and
+    # [450, 500]: busy 350, idle 50; the second forward's host takes 300, one kernel of 100
+    line = forward_timeline([(0, 600), (1000, 1500)], [(450, 500), (100, 300), (250, 400), (1300, 1400)])
+    assert line == {"host_before_first_kernel": 0.2, "idle_between_kernels": 0.025, "busy": 0.225, "span": 0.25}
+    assert forward_timeline([(0, 10)], [(50, 60)]) is None  # no device event inside any forward
 
 
 def test_fp8_linear_tracks_the_bf16_linear_and_drops_its_weight() -> None:
