@@ -71,15 +71,20 @@ def _outermost_aten(event: Any) -> str:
 
 def _device_events(prof: profile) -> list[tuple[str, float, bool]]:
     """(name, microseconds, True) for every GPU-side event: kernels, memcpy, memset."""
-    return [(e.name, e.time_range.elapsed_us(), True) for e in prof.events()
-            if e.device_type == DeviceType.CUDA]
+    return [(e.name, e.time_range.elapsed_us(), True) for e in prof.events() if _is_device_work(e)]
+
+
+def _is_device_work(event: Any) -> bool:
+    """A kernel, memcpy or memset; not the GPU-side copy of a ``record_function`` range, which
+    Kineto puts on the device timeline spanning the range's kernels."""
+    return event.device_type == DeviceType.CUDA and not event.name.startswith(_MARK)
 
 
 def _cpu_op_events(prof: profile) -> list[tuple[str, float, bool]]:
     """(outermost aten op, self microseconds, is that op itself) for every CPU event with self time."""
     events = []
     for e in prof.events():
-        if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0:
+        if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0 and not e.name.startswith(_MARK):
             owner = _outermost_aten(e)
             events.append((owner, e.self_cpu_time_total, owner == e.name))
     return events
@@ -126,8 +131,9 @@ def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int
 def timeline(prof: profile) -> dict[str, float] | None:
     """The forwards' timeline (see :func:`forward_timeline`) from a profile taken by
     :func:`profile_breakdown`, which marks each synchronised forward."""
-    marks = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.name.startswith(_MARK)]
-    device = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    marks = [(e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.name.startswith(_MARK) and e.device_type == DeviceType.CPU]
+    device = [(e.time_range.start, e.time_range.end) for e in prof.events() if _is_device_work(e)]
     return forward_timeline(marks, device)
 
 
