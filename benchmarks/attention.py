@@ -28,8 +28,9 @@ from benchmarks import micro  # noqa: E402
 from kopt.kernels import fp8_attention  # noqa: E402
 
 # (model, B, H, S, masked keys): FLUX.2 joint attention (4096 image + 512 text tokens, 48 heads),
-# Qwen-Image (4096 + 256 tokens, 24 heads, the negative prompt's padded text keys masked)
-SHAPES = (("flux2", 1, 48, 4608, 0), ("qwen-image", 1, 24, 4352, 64))
+# Qwen-Image (4096 + 256 tokens, 24 heads, the negative prompt's padded text keys masked; and without
+# a mask, to show what the mask costs)
+SHAPES = (("flux2", 1, 48, 4608, 0), ("qwen-image", 1, 24, 4352, 64), ("qwen-nomask", 1, 24, 4352, 0))
 TINY = (("tiny", 1, 2, 100, 10),)
 
 
@@ -62,7 +63,8 @@ def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch
     rows = [_row(label, "sdpa bf16", "torch's choice (cuDNN / flash)",
                  lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), exact, flops,
                  device)]
-    configs = fp8_attention.candidates() if device.type == "cuda" else fp8_attention.candidates()[:1]
+    configs = fp8_attention.candidates(with_bias=key_bias is not None)
+    configs = configs if device.type == "cuda" else configs[:1]
     for config in configs:
         text = ",".join(f"{name}={value}" for name, value in config.items())
         rows.append(_row(label, "kopt fp8", text,

@@ -81,15 +81,18 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 # ----------------------------------------------------------------------------- Triton kernels
 @triton.jit
-def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp,
-                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     D: tl.constexpr, BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
+def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, biased_ptr, H, S_k, S_kp,
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_bias_b,
+                     HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
     chunk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     valid = offs_n[:, None] < S_k
+    if HAS_BIAS:  # whether this key tile's mask adds anything (Qwen-Image: only the padded text keys do)
+        key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0).to(tl.float32)
+        tl.store(biased_ptr + bh * N_CHUNKS + chunk, (tl.max(tl.abs(key_bias), axis=0) != 0.0).to(tl.int32))
     k = tl.load(k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
                 mask=valid, other=0.0).to(tl.float32)
     ks = fp8_scale(tl.max(tl.max(tl.abs(k), axis=1), axis=0))
@@ -105,21 +108,9 @@ def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp
 
 
 @triton.jit
-def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, b,
-                  bh, S_k, S_kp, stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  N_CHUNKS: tl.constexpr, MASKED: tl.constexpr):
-    """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it.
-
-    Every scale is folded into per-row vectors, so each logit costs one FMA and one exp2:
-    ``qk · c − offset`` with c = s_q · s_k(tile) · scale · log2(e), and the offset also holding
-    log2(448 · s_v(tile) / s_v(max)), so that P comes out of exp2 already scaled for the FP8 cast
-    and for this tile's V scale; P · V then accumulates straight into ``acc`` (in units of
-    s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P."""
-    offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
-    c = row_scale * tl.load(ks_ptr + bh * N_CHUNKS + chunk)
-    qk = tl.dot(q8, tl.trans(k8))
+def _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
+                          HAS_BIAS: tl.constexpr, MASKED: tl.constexpr):
+    """(new running max, P · 448 · s_v(tile) / s_v(max)) of one tile's raw FP8 products ``qk``."""
     if HAS_BIAS:
         if MASKED:
             key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0)
@@ -132,13 +123,45 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
     else:
         m_new = tl.maximum(m_i, tl.max(qk, axis=1) * c)  # c > 0: the max of the scaled row
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
-    log2_p_scale = 8.807354922057604 + tl.log2(tl.load(vs_ptr + bh * N_CHUNKS + chunk)) - log2_vs_max  # log2(448 r)
-    offset = m_safe - log2_p_scale
+    offset = tl.where(m_new == float("-inf"), 0.0, m_new) - log2_p_scale
     if HAS_BIAS:
-        p = tl.exp2(qk - offset[:, None])  # P · 448 · s_v(tile) / s_v(max)
+        p = tl.exp2(qk - offset[:, None])
     else:
         p = tl.exp2(qk * c[:, None] - offset[:, None])  # one FMA and one exp2 per logit
+    return m_new, p
+
+
+@triton.jit
+def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr,
+                  biased_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, MASKED: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr):
+    """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it.
+
+    Every scale is folded into per-row vectors, so each logit costs one FMA and one exp2:
+    ``qk · c − offset`` with c = s_q · s_k(tile) · scale · log2(e), and the offset also holding
+    log2(448 · s_v(tile) / s_v(max)), so that P comes out of exp2 already scaled for the FP8 cast
+    and for this tile's V scale; P · V then accumulates straight into ``acc`` (in units of
+    s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P.
+
+    ``SKIP_ZERO_BIAS``: a full key tile whose mask is all zeros (flagged by the K/V quantization)
+    takes the unmasked path, saving the bias load and one add per logit."""
+    offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
+    c = row_scale * tl.load(ks_ptr + bh * N_CHUNKS + chunk)
+    qk = tl.dot(q8, tl.trans(k8))
+    log2_p_scale = 8.807354922057604 + tl.log2(tl.load(vs_ptr + bh * N_CHUNKS + chunk)) - log2_vs_max  # log2(448 r)
+    if HAS_BIAS and SKIP_ZERO_BIAS and not MASKED:
+        if tl.load(biased_ptr + bh * N_CHUNKS + chunk) != 0:
+            m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
+                                             True, False)
+        else:
+            m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
+                                             False, False)
+    else:
+        m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
+                                         HAS_BIAS, MASKED)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1) * tl.exp2(-log2_p_scale)
     vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
@@ -147,11 +170,11 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
 
 
 @triton.jit
-def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
+def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, biased_ptr, out_ptr, H, S_q, S_k, S_kp,
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
-                          CHUNKS_POW2: tl.constexpr):
+                          CHUNKS_POW2: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr):
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
     # fills (no key mask); a partial last tile, if any, is the only masked one.
     pid_m = tl.program_id(0)
@@ -172,12 +195,12 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for chunk in range(0, N_FULL):
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
-                                      vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D, BLOCK_N,
-                                      N_CHUNKS, False)
+                                      vs_ptr, bias_ptr, biased_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
+                                      BLOCK_N, N_CHUNKS, False, SKIP_ZERO_BIAS)
     if N_FULL < N_CHUNKS:
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, log2_vs_max, k8_ptr, v8t_ptr,
-                                      ks_ptr, vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
-                                      BLOCK_N, N_CHUNKS, True)
+                                      ks_ptr, vs_ptr, bias_ptr, biased_ptr, b, bh, S_k, S_kp, stride_bias_b,
+                                      HAS_BIAS, D, BLOCK_N, N_CHUNKS, True, SKIP_ZERO_BIAS)
     out = acc * (vs_max / 448.0) / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
@@ -187,24 +210,34 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
 DEFAULT_CONFIG: Config = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 
 
+_SKIP_ZERO_BIAS_TILES = ((64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3))  # the fastest tiles, measured
+
+
 @functools.cache
-def _candidates() -> tuple[Config, ...]:
+def _candidates(with_bias: bool) -> tuple[Config, ...]:
     out = [dict(DEFAULT_CONFIG)]
     for block_m, block_n, warps, stages in ((128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 128, 4, 3),
                                             (128, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 4, 2)):
         out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+    if with_bias:
+        for block_m, block_n, warps, stages in _SKIP_ZERO_BIAS_TILES:
+            out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages,
+                        "SKIP_ZERO_BIAS": 1})
     return tuple(out)
 
 
-def candidates() -> list[Config]:
-    """Launch configs (tile sizes, warps, software-pipeline stages); the default first."""
-    return [dict(c) for c in _candidates()]
+def candidates(with_bias: bool = False) -> list[Config]:
+    """Launch configs (tile sizes, warps, software-pipeline stages); the default first. With a key
+    mask, also the fastest tiles with ``SKIP_ZERO_BIAS`` (a runtime branch per key tile that skips
+    the mask where it is all zeros: cheaper logits, but control flow in the pipelined loop)."""
+    return [dict(c) for c in _candidates(with_bias)]
 
 
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int, bias: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(k8 (BH, S_kp, D), v8 transposed (BH, D, S_kp), per-tile K scales and per-tile V scales, each
-    (BH, S_kp / block_n)), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
+    (BH, S_kp / block_n), and with a (B, S_k) ``bias`` an int32 (BH, S_kp / block_n) flag: whether
+    the tile's mask is nonzero anywhere), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
     b, h, s_k, d = k.shape
     chunks = triton.cdiv(s_k, block_n)
     s_kp = chunks * block_n
@@ -212,10 +245,13 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
     v8t = torch.empty((b * h, d, s_kp), dtype=FP8, device=k.device)
     ks = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
     vs = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
-    _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, h, s_k, s_kp, k.stride(0), k.stride(1), k.stride(2),
-                                      v.stride(0), v.stride(1), v.stride(2), D=d, BLOCK_N=block_n,
-                                      N_CHUNKS=chunks, num_warps=4)
-    return k8, v8t, ks, vs
+    biased = None if bias is None else torch.empty((b * h, chunks), dtype=torch.int32, device=k.device)
+    _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, bias if bias is not None else ks,
+                                      biased if biased is not None else ks, h, s_k, s_kp,
+                                      k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                                      bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
+                                      BLOCK_N=block_n, N_CHUNKS=chunks, num_warps=4)
+    return k8, v8t, ks, vs, biased
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None) -> None:
@@ -254,15 +290,16 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
     def run(cfg: Config, dst: torch.Tensor) -> None:
         block_n = cfg["BLOCK_N"]
-        k8, v8t, ks, vs = quantize_kv(k, v, block_n)
+        k8, v8t, ks, vs, biased = quantize_kv(k, v, block_n, bias)
         chunks = vs.shape[1]
         grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h)
         _fp8_attention_kernel[grid](
-            q, k8, v8t, ks, vs, bias if bias is not None else ks, dst, h, s_q, s_k, k8.shape[1], scale * _LOG2E,
+            q, k8, v8t, ks, vs, bias if bias is not None else ks, biased if biased is not None else ks, dst,
+            h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=s_k // block_n,
-            CHUNKS_POW2=triton.next_power_of_2(chunks),
+            CHUNKS_POW2=triton.next_power_of_2(chunks), SKIP_ZERO_BIAS=bool(cfg.get("SKIP_ZERO_BIAS", 0)),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:
@@ -272,7 +309,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     if config is None:
         key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
                         dtype=q.dtype)
-        config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
+        config = _autotune.choose("fp8_attention", key, candidates(bias is not None), on_scratch, q.device)
     run(config, out)
     return out
 
