@@ -40,6 +40,7 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
 from kopt.kernels import _autotune
@@ -134,7 +135,8 @@ def _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, 
 @triton.jit
 def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr,
                   biased_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, MASKED: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr):
+                  BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, MASKED: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr,
+                  USE_TMA: tl.constexpr):
     """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it.
 
     Every scale is folded into per-row vectors, so each logit costs one FMA and one exp2:
@@ -144,10 +146,15 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
     s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P.
 
     ``SKIP_ZERO_BIAS``: a full key tile whose mask is all zeros (flagged by the K/V quantization)
-    takes the unmasked path, saving the bias load and one add per logit."""
+    takes the unmasked path, saving the bias load and one add per logit. ``USE_TMA``: ``k8_ptr`` and
+    ``v8t_ptr`` are tensor descriptors of the (BH·S_kp, D) keys and (BH·D, S_kp) transposed values,
+    so that the pipelined loop loads tiles with Hopper's TMA instead of per-thread addresses."""
     offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
+    if USE_TMA:
+        k8 = k8_ptr.load([(bh * S_kp + chunk * BLOCK_N).to(tl.int32), 0])
+    else:
+        k8 = tl.load(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :])
     c = row_scale * tl.load(ks_ptr + bh * N_CHUNKS + chunk)
     qk = tl.dot(q8, tl.trans(k8))
     log2_p_scale = 8.807354922057604 + tl.log2(tl.load(vs_ptr + bh * N_CHUNKS + chunk)) - log2_vs_max  # log2(448 r)
@@ -164,8 +171,11 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1) * tl.exp2(-log2_p_scale)
-    vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
-    acc = tl.dot(p.to(k8_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), tl.trans(vt8), acc * alpha[:, None])
+    if USE_TMA:
+        vt8 = v8t_ptr.load([(bh * D).to(tl.int32), chunk * BLOCK_N])
+    else:
+        vt8 = tl.load(v8t_ptr + bh * D * S_kp + offs_d[:, None] * S_kp + offs_n[None, :])
+    acc = tl.dot(p.to(tl.float8e4nv, fp_downcast_rounding="rtne"), tl.trans(vt8), acc * alpha[:, None])
     return m_new, l_i, acc
 
 
@@ -174,7 +184,7 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, bias
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
-                          CHUNKS_POW2: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr):
+                          CHUNKS_POW2: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr, USE_TMA: tl.constexpr):
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
     # fills (no key mask); a partial last tile, if any, is the only masked one.
     pid_m = tl.program_id(0)
@@ -185,7 +195,7 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, bias
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
                 mask=offs_m[:, None] < S_q, other=0.0).to(tl.float32)
     q8, qs = fp8_rows(q)
-    q8 = q8.to(k8_ptr.dtype.element_ty)
+    q8 = q8.to(tl.float8e4nv)
     row_scale = qs * qk_scale
     chunks = tl.arange(0, CHUNKS_POW2)
     vs_max = tl.max(tl.load(vs_ptr + bh * N_CHUNKS + chunks, mask=chunks < N_CHUNKS, other=0.0), axis=0)
@@ -196,11 +206,11 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, bias
     for chunk in range(0, N_FULL):
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
                                       vs_ptr, bias_ptr, biased_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
-                                      BLOCK_N, N_CHUNKS, False, SKIP_ZERO_BIAS)
+                                      BLOCK_N, N_CHUNKS, False, SKIP_ZERO_BIAS, USE_TMA)
     if N_FULL < N_CHUNKS:
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, log2_vs_max, k8_ptr, v8t_ptr,
                                       ks_ptr, vs_ptr, bias_ptr, biased_ptr, b, bh, S_k, S_kp, stride_bias_b,
-                                      HAS_BIAS, D, BLOCK_N, N_CHUNKS, True, SKIP_ZERO_BIAS)
+                                      HAS_BIAS, D, BLOCK_N, N_CHUNKS, True, SKIP_ZERO_BIAS, USE_TMA)
     out = acc * (vs_max / 448.0) / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
@@ -210,26 +220,33 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, bias
 DEFAULT_CONFIG: Config = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 
 
-_SKIP_ZERO_BIAS_TILES = ((64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3))  # the fastest tiles, measured
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, variants): the tiles measured fastest on the H200 at
+# FLUX.2's and Qwen-Image's shapes (benchmarks/attention.py; 128 x 64 tiles and 2-stage pipelines lost
+# by 10-60 %), each also with TMA loads, and with SKIP_ZERO_BIAS where a mask is given.
+_TILES = ((128, 128, 8, 3), (64, 128, 4, 3), (128, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4))
+_TMA_TILES = ((64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4))
+_SKIP_ZERO_BIAS_TILES = ((64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3))
 
 
 @functools.cache
 def _candidates(with_bias: bool) -> tuple[Config, ...]:
-    out = [dict(DEFAULT_CONFIG)]
-    for block_m, block_n, warps, stages in ((128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 128, 4, 3),
-                                            (128, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 4, 2)):
-        out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+    def config(tile: tuple[int, int, int, int], **variant: int) -> Config:
+        block_m, block_n, warps, stages = tile
+        return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, **variant}
+
+    out = [config(tile) for tile in _TILES] + [config(tile, USE_TMA=1) for tile in _TMA_TILES]
     if with_bias:
-        for block_m, block_n, warps, stages in _SKIP_ZERO_BIAS_TILES:
-            out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages,
-                        "SKIP_ZERO_BIAS": 1})
+        out += [config(tile, SKIP_ZERO_BIAS=1) for tile in _SKIP_ZERO_BIAS_TILES]
+        out.append(config(_TMA_TILES[0], USE_TMA=1, SKIP_ZERO_BIAS=1))
+    assert out[0] == DEFAULT_CONFIG
     return tuple(out)
 
 
 def candidates(with_bias: bool = False) -> list[Config]:
     """Launch configs (tile sizes, warps, software-pipeline stages); the default first. With a key
     mask, also the fastest tiles with ``SKIP_ZERO_BIAS`` (a runtime branch per key tile that skips
-    the mask where it is all zeros: cheaper logits, but control flow in the pipelined loop)."""
+    the mask where it is all zeros: cheaper logits, but control flow in the pipelined loop). ``USE_TMA``
+    variants load the K/V tiles through tensor descriptors."""
     return [dict(c) for c in _candidates(with_bias)]
 
 
@@ -293,13 +310,18 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
         k8, v8t, ks, vs, biased = quantize_kv(k, v, block_n, bias)
         chunks = vs.shape[1]
         grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h)
+        keys, values = k8, v8t
+        if cfg.get("USE_TMA", 0):
+            keys = TensorDescriptor.from_tensor(k8.view(-1, d), [block_n, d])
+            values = TensorDescriptor.from_tensor(v8t.view(-1, k8.shape[1]), [d, block_n])
         _fp8_attention_kernel[grid](
-            q, k8, v8t, ks, vs, bias if bias is not None else ks, biased if biased is not None else ks, dst,
+            q, keys, values, ks, vs, bias if bias is not None else ks, biased if biased is not None else ks, dst,
             h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=s_k // block_n,
             CHUNKS_POW2=triton.next_power_of_2(chunks), SKIP_ZERO_BIAS=bool(cfg.get("SKIP_ZERO_BIAS", 0)),
+            USE_TMA=bool(cfg.get("USE_TMA", 0)),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:

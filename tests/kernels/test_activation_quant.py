@@ -28,10 +28,13 @@ def _dequantized(q, scale):
 @pytest.mark.parametrize("act", ["swiglu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("p", [None, 24])
-@pytest.mark.parametrize("block", [16, 64])  # two passes of several steps per row; one pass (the row fits)
-def test_kernel_matches_the_spec(act, dtype, p, block):
+@pytest.mark.parametrize("config", [{"BLOCK": 16, "num_warps": 1},  # two passes of several steps per row
+                                    {"BLOCK": 64, "num_warps": 1},  # one pass (the row fits)
+                                    {"BLOCK": 16, "num_warps": 1, "STASH_ROWS": 4}],  # stashed: 3 programs
+                         ids=["two-pass", "one-pass", "stashed"])
+def test_kernel_matches_the_spec(act, dtype, p, config):
     h, prefix = _inputs((2, 5), 37, p, dtype, seed=3 + (p or 0), act=act)
-    q, scale = mod.launch(h, prefix, act, config={"BLOCK": block, "num_warps": 1})
+    q, scale = mod.launch(h, prefix, act, config=config)
     q_ref, scale_ref = mod.reference(h, prefix, act)
     assert q.dtype == FP8 and q.shape == (10, 37 + (p or 0)) and scale.shape == (10, 1)
     # gelu: the kernel's exp form of tanh rounds differently from torch's near zero, which moves tiny
@@ -76,3 +79,18 @@ def test_gpu_flux2_single_stream_shape():
     torch.testing.assert_close(scale, scale_ref, rtol=1e-6, atol=0)
     deq, deq_ref = _dequantized(q, scale), _dequantized(q_ref, scale_ref)
     assert ((deq - deq_ref).norm() / deq_ref.norm()).item() < 1e-3  # silu's float32 order may differ
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("act, f, p", [("swiglu", 18432, 6144), ("gelu_tanh", 12288, None)], ids=["flux2", "qwen"])
+def test_gpu_every_candidate_at_production_widths(act, f, p):
+    """Every launch config (the stashed kernel's barriers included) on 1000 rows: several programs
+    per SM, a partial last stash group."""
+    h, prefix = _inputs((1, 1000), f, p, torch.bfloat16, seed=8, device="cuda", act=act)
+    q_ref, scale_ref = mod.reference(h, prefix, act)
+    for config in mod.candidates(f + (p or 0)):
+        q, scale = mod.launch(h, prefix, act, config=config)
+        torch.testing.assert_close(scale, scale_ref, rtol=2**-6, atol=0, msg=lambda m, c=config: f"{c}: {m}")
+        deq, deq_ref = _dequantized(q, scale), _dequantized(q_ref, scale_ref)
+        assert ((deq - deq_ref).norm() / deq_ref.norm()).item() < 1e-2, config
