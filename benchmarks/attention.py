@@ -67,10 +67,19 @@ def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch
     configs = configs if device.type == "cuda" else configs[:1]
     for config in configs:
         text = ",".join(f"{name}={value}" for name, value in config.items())
-        rows.append(_row(label, "kopt fp8", text,
-                         lambda config=config: fp8_attention.launch(q, k, v, key_bias, config=config), exact, flops,
-                         device))
+        try:
+            rows.append(_row(label, "kopt fp8", text,
+                             lambda config=config: fp8_attention.launch(q, k, v, key_bias, config=config), exact,
+                             flops, device))
+        except Exception as error:  # noqa: BLE001 - a config that does not compile: report it, time the rest
+            reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
+            print(f"{model:<10} kopt fp8   {text:<50} failed: {reason}", flush=True)
+            rows.append(dict(label, kernel="kopt fp8", config=text, ms=None, tflops=None, rel_err=None, error=reason))
     return rows
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
 
 
 def run(shapes: tuple[tuple[str, int, int, int, int], ...], device: torch.device) -> list[dict[str, Any]]:
@@ -80,8 +89,9 @@ def run(shapes: tuple[tuple[str, int, int, int, int], ...], device: torch.device
 def main() -> None:
     device, out, tiny = micro.parse_args(__doc__.splitlines()[0])
     rows = run(TINY if tiny else SHAPES, device)
-    table = [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {r['ms']:.4f} | {r['tflops']:.0f} | "
-             f"{r['rel_err']:.2e} |" for r in rows]
+    table = [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {_cell(r['ms'], '.4f')} "
+             f"| {_cell(r['tflops'], '.0f')} | {_cell(r['rel_err'], '.2e')} |"
+             + (f" failed: {r['error']}" if r.get("error") else "") for r in rows]
     print(micro.write(out, "attention", "Attention",
                       "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA.",
                       ["| model | shape | kernel | config | ms | TFLOP/s | rel err |",

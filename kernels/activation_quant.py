@@ -18,10 +18,7 @@ in flight for their inputs to stay there (73 KB per FLUX.2 row). How many are in
 the launch config (BLOCK columns per step, num_warps), which is autotuned per shape. When the
 prefix and the activation each fit one BLOCK (Qwen-Image: F = 12288 with BLOCK = 16384; FLUX.2:
 F = 18432 and P = 6144 with BLOCK = 32768 over 32 warps, the prefix in its own power-of-two block),
-the values stay in registers between the amax and the store: one read of the row. The stashed
-kernel (``STASH_ROWS`` configs) instead computes the activation once, keeps it in a small
-L2-resident stash between the passes and runs many small programs per SM; which one wins per
-shape is the autotuner's call (both compute the same values).
+the values stay in registers between the amax and the store: one read of the row.
 
 Numerics equal the unfused graph's: each activation step is rounded to h.dtype as the bf16 graph
 rounds it (silu, then the product; gelu), then quantized exactly like
@@ -88,48 +85,6 @@ def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr):
 
 
 @triton.jit
-def _activation_quant_stashed_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, stash_ptr, M, P, F, stride_p, stride_h,
-                                     stride_q, HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr,
-                                     BLOCK: tl.constexpr, P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr,
-                                     STASH_ROWS: tl.constexpr):
-    # STASH_ROWS consecutive rows per program, one after the other. Pass 1 computes act(h) once and
-    # writes it (already rounded to h's dtype, so exactly) to this program's stash row; pass 2 reads it
-    # back (from L2: the stash is grid x F, a few MB) instead of recomputing the activation from h.
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    dtype = h_ptr.dtype.element_ty
-    for i in range(0, STASH_ROWS):
-        row = pid * STASH_ROWS + i
-        live = row < M
-        amax = tl.zeros([BLOCK], dtype=tl.float32)
-        if HAS_PREFIX:
-            for chunk in range(0, P_CHUNKS):
-                offs = chunk * BLOCK + cols
-                x = tl.load(prefix_ptr + row * stride_p + offs, mask=(offs < P) & live, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(x))
-        for chunk in range(0, F_CHUNKS):
-            offs = chunk * BLOCK + cols
-            y = _activation(h_ptr, row * stride_h, offs, (offs < F) & live, F, IS_SWIGLU)
-            tl.store(stash_ptr + pid * F + offs, y.to(dtype), mask=offs < F)
-            amax = tl.maximum(amax, tl.abs(y))
-        scale = fp8_scale(tl.max(amax, axis=0))
-        tl.store(scale_ptr + row, scale, mask=live)
-        tl.debug_barrier()  # the stash writes are visible to every thread of the program
-        if HAS_PREFIX:
-            for chunk in range(0, P_CHUNKS):
-                offs = chunk * BLOCK + cols
-                x = tl.load(prefix_ptr + row * stride_p + offs, mask=(offs < P) & live, other=0.0).to(tl.float32)
-                q = fp8_values(x, scale)
-                tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=(offs < P) & live)
-        for chunk in range(0, F_CHUNKS):
-            offs = chunk * BLOCK + cols
-            y = tl.load(stash_ptr + pid * F + offs, mask=offs < F, other=0.0).to(tl.float32)
-            q = fp8_values(y, scale)
-            tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=(offs < F) & live)
-        tl.debug_barrier()  # every thread has read the stash before the next row overwrites it
-
-
-@triton.jit
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
                              P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr,
@@ -183,8 +138,6 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
 DEFAULT_CONFIG: Config = {"BLOCK": 1024, "num_warps": 4}
 _BLOCKS = (1024, 2048, 4096, 8192, 16384, 32768)  # the large ones keep a whole row in registers (one read)
 _WARPS = (4, 8, 16, 32)
-# (BLOCK, num_warps, STASH_ROWS) of the stashed kernel: small programs, many of them resident per SM
-_STASHED = ((1024, 4, 8), (2048, 4, 8), (2048, 8, 8), (4096, 8, 8), (4096, 16, 8), (2048, 4, 16))
 
 
 @functools.cache
@@ -197,9 +150,6 @@ def _candidates(width: int) -> tuple[Config, ...]:
             config = {"BLOCK": block, "num_warps": warps}
             if 4 <= block // (32 * warps) <= 32 and config not in out:
                 out.append(config)
-    for block, warps, rows in _STASHED:
-        if block <= max(width, 1024):
-            out.append({"BLOCK": block, "num_warps": warps, "STASH_ROWS": rows})
     return tuple(out)
 
 
@@ -207,9 +157,7 @@ def candidates(width: int) -> list[Config]:
     """Launch configs for rows of ``width`` outputs (a power-of-two bucket): the old fixed config
     first, then every (BLOCK, num_warps) with 4..32 elements per thread and BLOCK <= max(width, 1024).
     Bigger programs keep fewer rows in flight (the second pass reads them from L2), and a BLOCK
-    holding the whole activation and prefix makes the kernel read the row once. Configs with
-    ``STASH_ROWS`` run the stashed kernel (the activation computed once, its second pass read from
-    an L2-resident stash)."""
+    holding the whole activation and prefix makes the kernel read the row once."""
     return [dict(c) for c in _candidates(pow2_bucket(width))]
 
 
@@ -245,17 +193,6 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
 
     def run(cfg: Config, q_out: torch.Tensor, scale_out: torch.Tensor) -> None:
         block = cfg["BLOCK"]
-        if "STASH_ROWS" in cfg:
-            rows = cfg["STASH_ROWS"]
-            programs = triton.cdiv(m, rows)
-            stash = torch.empty((programs, f), dtype=h2.dtype, device=h2.device)
-            _activation_quant_stashed_kernel[(programs,)](
-                prefix if prefix is not None else h2, h2, q_out, scale_out, stash, m, p, f,
-                prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0),
-                HAS_PREFIX=prefix is not None, IS_SWIGLU=act == "swiglu", BLOCK=block,
-                P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), STASH_ROWS=rows,
-                num_warps=cfg["num_warps"])
-            return
         _activation_quant_kernel[(m,)](
             prefix if prefix is not None else h2, h2, q_out, scale_out, p, f,
             prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0),
