@@ -63,8 +63,7 @@ def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch
     rows = [_row(label, "sdpa bf16", "torch's choice (cuDNN / flash)",
                  lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), exact, flops,
                  device)]
-    configs = fp8_attention.candidates(with_bias=key_bias is not None)
-    configs = configs if device.type == "cuda" else configs[:1]
+    configs = fp8_attention.candidates() if device.type == "cuda" else fp8_attention.candidates()[:1]
     for config in configs:
         text = ",".join(f"{name}={value}" for name, value in config.items())
         try:

@@ -82,18 +82,15 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 # ----------------------------------------------------------------------------- Triton kernels
 @triton.jit
-def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, biased_ptr, H, S_k, S_kp,
-                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_bias_b,
-                     HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
+def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp,
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
     chunk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     valid = offs_n[:, None] < S_k
-    if HAS_BIAS:  # whether this key tile's mask adds anything (Qwen-Image: only the padded text keys do)
-        key_bias = tl.load(bias_ptr + b * stride_bias_b + offs_n, mask=offs_n < S_k, other=0.0).to(tl.float32)
-        tl.store(biased_ptr + bh * N_CHUNKS + chunk, (tl.max(tl.abs(key_bias), axis=0) != 0.0).to(tl.int32))
     k = tl.load(k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
                 mask=valid, other=0.0).to(tl.float32)
     ks = fp8_scale(tl.max(tl.max(tl.abs(k), axis=1), axis=0))
@@ -134,9 +131,8 @@ def _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, 
 
 @triton.jit
 def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr,
-                  biased_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, MASKED: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr,
-                  USE_TMA: tl.constexpr):
+                  b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  N_CHUNKS: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
     """One key tile of the online softmax; ``MASKED`` only for the last tile when S_k does not fill it.
 
     Every scale is folded into per-row vectors, so each logit costs one FMA and one exp2:
@@ -145,8 +141,9 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
     and for this tile's V scale; P · V then accumulates straight into ``acc`` (in units of
     s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P.
 
-    ``SKIP_ZERO_BIAS``: a full key tile whose mask is all zeros (flagged by the K/V quantization)
-    takes the unmasked path, saving the bias load and one add per logit. ``USE_TMA``: ``k8_ptr`` and
+    A key mask costs one more add per logit (21 % at Qwen-Image's shape on the H200); skipping it on
+    tiles where it is all zeros needs a branch in the loop, which Triton 3.6's software pipeliner
+    rejects. ``USE_TMA``: ``k8_ptr`` and
     ``v8t_ptr`` are tensor descriptors of the (BH·S_kp, D) keys and (BH·D, S_kp) transposed values,
     so that the pipelined loop loads tiles with Hopper's TMA instead of per-thread addresses."""
     offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,16 +155,8 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
     c = row_scale * tl.load(ks_ptr + bh * N_CHUNKS + chunk)
     qk = tl.dot(q8, tl.trans(k8))
     log2_p_scale = 8.807354922057604 + tl.log2(tl.load(vs_ptr + bh * N_CHUNKS + chunk)) - log2_vs_max  # log2(448 r)
-    if HAS_BIAS and SKIP_ZERO_BIAS and not MASKED:
-        if tl.load(biased_ptr + bh * N_CHUNKS + chunk) != 0:
-            m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
-                                             True, False)
-        else:
-            m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
-                                             False, False)
-    else:
-        m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
-                                         HAS_BIAS, MASKED)
+    m_new, p = _scaled_probabilities(qk, c, m_i, log2_p_scale, bias_ptr, b, stride_bias_b, offs_n, S_k,
+                                     HAS_BIAS, MASKED)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with every key masked so far
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1) * tl.exp2(-log2_p_scale)
@@ -180,11 +169,11 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
 
 
 @triton.jit
-def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, biased_ptr, out_ptr, H, S_q, S_k, S_kp,
+def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
-                          CHUNKS_POW2: tl.constexpr, SKIP_ZERO_BIAS: tl.constexpr, USE_TMA: tl.constexpr):
+                          CHUNKS_POW2: tl.constexpr, USE_TMA: tl.constexpr):
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
     # fills (no key mask); a partial last tile, if any, is the only masked one.
     pid_m = tl.program_id(0)
@@ -205,12 +194,12 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, bias
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for chunk in range(0, N_FULL):
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
-                                      vs_ptr, bias_ptr, biased_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
-                                      BLOCK_N, N_CHUNKS, False, SKIP_ZERO_BIAS, USE_TMA)
+                                      vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
+                                      BLOCK_N, N_CHUNKS, False, USE_TMA)
     if N_FULL < N_CHUNKS:
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, log2_vs_max, k8_ptr, v8t_ptr,
-                                      ks_ptr, vs_ptr, bias_ptr, biased_ptr, b, bh, S_k, S_kp, stride_bias_b,
-                                      HAS_BIAS, D, BLOCK_N, N_CHUNKS, True, SKIP_ZERO_BIAS, USE_TMA)
+                                      ks_ptr, vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b,
+                                      HAS_BIAS, D, BLOCK_N, N_CHUNKS, True, USE_TMA)
     out = acc * (vs_max / 448.0) / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
@@ -220,40 +209,34 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, bias
 DEFAULT_CONFIG: Config = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, variants): the tiles measured fastest on the H200 at
-# FLUX.2's and Qwen-Image's shapes (benchmarks/attention.py; 128 x 64 tiles and 2-stage pipelines lost
-# by 10-60 %), each also with TMA loads, and with SKIP_ZERO_BIAS where a mask is given.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the tiles measured fastest on the H200 at FLUX.2's and
+# Qwen-Image's shapes (benchmarks/attention.py; 128 x 64 tiles and 2-stage pipelines lost by 10-60 %),
+# the best ones also with TMA loads (which win at Qwen-Image's masked shape, by 1-2 %).
 _TILES = ((128, 128, 8, 3), (64, 128, 4, 3), (128, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4))
 _TMA_TILES = ((64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4))
-_SKIP_ZERO_BIAS_TILES = ((64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3))
 
 
 @functools.cache
-def _candidates(with_bias: bool) -> tuple[Config, ...]:
+def _candidates() -> tuple[Config, ...]:
     def config(tile: tuple[int, int, int, int], **variant: int) -> Config:
         block_m, block_n, warps, stages = tile
         return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, **variant}
 
     out = [config(tile) for tile in _TILES] + [config(tile, USE_TMA=1) for tile in _TMA_TILES]
-    if with_bias:  # not with TMA: Triton 3.6's pipeliner fails on descriptor loads around the branch
-        out += [config(tile, SKIP_ZERO_BIAS=1) for tile in _SKIP_ZERO_BIAS_TILES]
     assert out[0] == DEFAULT_CONFIG
     return tuple(out)
 
 
-def candidates(with_bias: bool = False) -> list[Config]:
-    """Launch configs (tile sizes, warps, software-pipeline stages); the default first. With a key
-    mask, also the fastest tiles with ``SKIP_ZERO_BIAS`` (a runtime branch per key tile that skips
-    the mask where it is all zeros: cheaper logits, but control flow in the pipelined loop). ``USE_TMA``
+def candidates() -> list[Config]:
+    """Launch configs (tile sizes, warps, software-pipeline stages); the default first. ``USE_TMA``
     variants load the K/V tiles through tensor descriptors."""
-    return [dict(c) for c in _candidates(with_bias)]
+    return [dict(c) for c in _candidates()]
 
 
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int, bias: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 (BH, S_kp, D), v8 transposed (BH, D, S_kp), per-tile K scales and per-tile V scales, each
-    (BH, S_kp / block_n), and with a (B, S_k) ``bias`` an int32 (BH, S_kp / block_n) flag: whether
-    the tile's mask is nonzero anywhere), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
+    (BH, S_kp / block_n)), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
     b, h, s_k, d = k.shape
     chunks = triton.cdiv(s_k, block_n)
     s_kp = chunks * block_n
@@ -261,13 +244,10 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int, bias: torch.Tens
     v8t = torch.empty((b * h, d, s_kp), dtype=FP8, device=k.device)
     ks = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
     vs = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
-    biased = None if bias is None else torch.empty((b * h, chunks), dtype=torch.int32, device=k.device)
-    _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, bias if bias is not None else ks,
-                                      biased if biased is not None else ks, h, s_k, s_kp,
-                                      k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                                      bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
-                                      BLOCK_N=block_n, N_CHUNKS=chunks, num_warps=4)
-    return k8, v8t, ks, vs, biased
+    _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, h, s_k, s_kp, k.stride(0), k.stride(1), k.stride(2),
+                                      v.stride(0), v.stride(1), v.stride(2), D=d, BLOCK_N=block_n,
+                                      N_CHUNKS=chunks, num_warps=4)
+    return k8, v8t, ks, vs
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None) -> None:
@@ -306,7 +286,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
     def run(cfg: Config, dst: torch.Tensor) -> None:
         block_n = cfg["BLOCK_N"]
-        k8, v8t, ks, vs, biased = quantize_kv(k, v, block_n, bias)
+        k8, v8t, ks, vs = quantize_kv(k, v, block_n)
         chunks = vs.shape[1]
         grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h)
         keys, values = k8, v8t
@@ -314,13 +294,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             keys = TensorDescriptor.from_tensor(k8.view(-1, d), [block_n, d])
             values = TensorDescriptor.from_tensor(v8t.view(-1, k8.shape[1]), [d, block_n])
         _fp8_attention_kernel[grid](
-            q, keys, values, ks, vs, bias if bias is not None else ks, biased if biased is not None else ks, dst,
+            q, keys, values, ks, vs, bias if bias is not None else ks, dst,
             h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=s_k // block_n,
-            CHUNKS_POW2=triton.next_power_of_2(chunks), SKIP_ZERO_BIAS=bool(cfg.get("SKIP_ZERO_BIAS", 0)),
-            USE_TMA=bool(cfg.get("USE_TMA", 0)),
+            CHUNKS_POW2=triton.next_power_of_2(chunks), USE_TMA=bool(cfg.get("USE_TMA", 0)),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:
@@ -330,7 +309,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     if config is None:
         key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
                         dtype=q.dtype)
-        config = _autotune.choose("fp8_attention", key, candidates(bias is not None), on_scratch, q.device)
+        config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
     run(config, out)
     return out
 

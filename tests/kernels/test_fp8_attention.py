@@ -9,6 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kopt.kernels import fp8_attention as mod
+from kopt.kernels._autotune import config_name
 from tests.conftest import rel_err
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -49,11 +50,11 @@ def test_spec_error_on_random_inputs_is_fp8_sized():
     assert 1e-3 < error < 0.1
 
 
-@pytest.mark.parametrize("config", mod.candidates(with_bias=True), ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("config", mod.candidates(), ids=config_name)
 @pytest.mark.parametrize("keys", [90, 128])  # a partial last key tile (masked), and whole tiles only
 def test_kernel_matches_the_spec_for_every_config(config, keys):
     q, k, v, bias = _inputs(2, 2, 70, keys, 64, seed=3)
-    padding_only = torch.where(torch.isinf(bias), bias, 0.0)  # zero on whole tiles (the skipped path), -inf after
+    padding_only = torch.where(torch.isinf(bias), bias, 0.0)  # zero on whole key tiles, -inf after (Qwen-Image)
     for b in (None, bias, padding_only):
         out = mod.launch(q, k, v, b, 0.125, config=config)
         assert out.shape == q.shape and out.stride() == mod.empty_output(q).stride()
@@ -99,7 +100,7 @@ def test_bad_inputs_are_refused_clearly():
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("config", mod.candidates(with_bias=True), ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("config", mod.candidates(), ids=config_name)
 def test_gpu_production_shapes_every_config(config):
     # FLUX.2: 48 heads, 4096 + 512 tokens; Qwen-Image: 24 heads, 4096 + 256 tokens with a key mask
     # (and 1000 tokens: a partial last key tile)
