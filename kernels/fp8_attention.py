@@ -22,12 +22,17 @@ over the head dim; normalised keys have similar magnitudes within a tile);
 The contract is ``quality`` (the FP8 gate): :func:`reference` is the same quantization of Q, K
 and V followed by exact float32 attention; the kernel additionally rounds P to FP8.
 
-Measured on the H200 (e60a546, whole models), with per-key K scales and the scales applied per
-logit: as fast as cuDNN's bf16 attention at Qwen-Image's shape (35.8 against 36.1 ms per forward)
-and 37 % slower at FLUX.2's (79.7 against 58.2 ms). The loop has no warp specialisation or TMA
-pipelining either, which is where Hopper attention kernels get the rest of their speed. Hence
-``Fp8Config(attention=False)`` by default; ``benchmarks/attention.py`` times every launch config
-against torch's SDPA.
+Measured on the H200 (5bc906f, ``benchmarks/results/attention-s4.md``; the time includes the K/V
+quantization): 618 TFLOP/s at FLUX.2's shape against cuDNN's bf16 590; 499 at Qwen-Image's masked
+shape against 381 (591 against 560 without the mask: the mask's add per logit costs 21 %). In the
+whole models (``dit-full-*-s4*``) that is 30.0 ms per Qwen-Image forward against cuDNN's 36.9, but
+63.4 against 57.9 ms in FLUX.2, whose forward runs at the 700 W power cap (clocks 1.45-1.65 GHz):
+there this kernel ran 41 % slower than alone, cuDNN's 15 %. The previous version (per-key K
+scales, scales applied per logit, P · V in a separate accumulator) ran 37 % slower than cuDNN in
+FLUX.2. What is left is Hopper's warp specialisation (producer warps feeding TMA, two softmax
+warpgroups taking turns), which this Triton loop does not get on sm_90. Hence
+``Fp8Config(attention=False)`` by default: it pays on Qwen-Image, not on FLUX.2;
+``benchmarks/attention.py`` times every launch config against torch's SDPA.
 
 FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D·e, write half of it.
 """
