@@ -27,11 +27,12 @@ if not torch.cuda.is_available():
 from benchmarks import micro  # noqa: E402
 from kopt.kernels import fp8_attention  # noqa: E402
 
-# (model, B, H, S, masked keys): FLUX.2 joint attention (4096 image + 512 text tokens, 48 heads),
-# Qwen-Image (4096 + 256 tokens, 24 heads, the negative prompt's padded text keys masked; and without
+# (model, B, H, S, text keys, masked keys): FLUX.2 joint attention (4096 image + 512 text tokens, 48
+# heads), Qwen-Image (256 text + 4096 image tokens, 24 heads, the last 64 text keys padded and masked,
+# as a negative prompt's are; timed also with the window the pass proves, the text keys, and without
 # a mask, to show what the mask costs)
-SHAPES = (("flux2", 1, 48, 4608, 0), ("qwen-image", 1, 24, 4352, 64), ("qwen-nomask", 1, 24, 4352, 0))
-TINY = (("tiny", 1, 2, 100, 10),)
+SHAPES = (("flux2", 1, 48, 4608, 512, 0), ("qwen-image", 1, 24, 4352, 256, 64), ("qwen-nomask", 1, 24, 4352, 256, 0))
+TINY = (("tiny", 1, 2, 100, 20, 10),)
 
 
 def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.Tensor, flops: int,
@@ -45,8 +46,11 @@ def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.
     return row
 
 
-def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch.device) -> list[dict[str, Any]]:
-    """torch's bf16 SDPA, then the FP8 kernel under each launch config, on one shape."""
+def measure_shape(model: str, b: int, h: int, s: int, text: int, masked: int,
+                  device: torch.device) -> list[dict[str, Any]]:
+    """torch's bf16 SDPA, then the FP8 kernel under each launch config, on one shape; with a mask,
+    each config also with the mask's window (the text keys, as :mod:`kopt.passes.key_mask_window`
+    proves it for Qwen-Image)."""
     head_dim = 128 if device.type == "cuda" else 32
     g = torch.Generator(device=device).manual_seed(s)
     q, k, v = (torch.randn(b, s, h, head_dim, device=device, generator=g).bfloat16().transpose(1, 2)
@@ -54,7 +58,7 @@ def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch
     key_bias = None
     if masked:
         key_bias = torch.zeros(b, s, device=device, dtype=torch.bfloat16)
-        key_bias[:, s - masked:] = float("-inf")
+        key_bias[:, text - masked:text] = float("-inf")
     mask = None if key_bias is None else key_bias[:, None, None, :]
     exact = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float())
@@ -64,16 +68,18 @@ def measure_shape(model: str, b: int, h: int, s: int, masked: int, device: torch
                  lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), exact, flops,
                  device)]
     configs = fp8_attention.candidates() if device.type == "cuda" else fp8_attention.candidates()[:1]
-    for config in configs:
-        text = ",".join(f"{name}={value}" for name, value in config.items())
+    windows = [None, (0, text)] if key_bias is not None else [None]
+    for config, window in ((c, w) for c in configs for w in windows):
+        name = ",".join(f"{key}={value}" for key, value in config.items())
+        name += f",window={window[0]}:{window[1]}" if window else ""
         try:
-            rows.append(_row(label, "kopt fp8", text,
-                             lambda config=config: fp8_attention.launch(q, k, v, key_bias, config=config), exact,
-                             flops, device))
+            rows.append(_row(label, "kopt fp8", name,
+                             lambda config=config, window=window: fp8_attention.launch(
+                                 q, k, v, key_bias, config=config, bias_window=window), exact, flops, device))
         except Exception as error:  # noqa: BLE001 - a config that does not compile: report it, time the rest
             reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
-            print(f"{model:<10} kopt fp8   {text:<50} failed: {reason}", flush=True)
-            rows.append(dict(label, kernel="kopt fp8", config=text, ms=None, tflops=None, rel_err=None, error=reason))
+            print(f"{model:<10} kopt fp8   {name:<50} failed: {reason}", flush=True)
+            rows.append(dict(label, kernel="kopt fp8", config=name, ms=None, tflops=None, rel_err=None, error=reason))
     return rows
 
 

@@ -178,9 +178,11 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
-                          CHUNKS_POW2: tl.constexpr, USE_TMA: tl.constexpr):
+                          CHUNKS_POW2: tl.constexpr, USE_TMA: tl.constexpr, FIRST_BIASED: tl.constexpr,
+                          END_BIASED: tl.constexpr):
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
-    # fills (no key mask); a partial last tile, if any, is the only masked one.
+    # fills (no key mask); a partial last tile, if any, is the only masked one. Full tiles outside
+    # [FIRST_BIASED, END_BIASED) skip the bias (it is zero there): three loops, no branch in any.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -197,9 +199,17 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for chunk in range(0, N_FULL):
+    for chunk in range(0, FIRST_BIASED):
+        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
+                                      vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, False, D,
+                                      BLOCK_N, N_CHUNKS, False, USE_TMA)
+    for chunk in range(FIRST_BIASED, END_BIASED):
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
                                       vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, HAS_BIAS, D,
+                                      BLOCK_N, N_CHUNKS, False, USE_TMA)
+    for chunk in range(END_BIASED, N_FULL):
+        m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_ptr, ks_ptr,
+                                      vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b, False, D,
                                       BLOCK_N, N_CHUNKS, False, USE_TMA)
     if N_FULL < N_CHUNKS:
         m_i, l_i, acc = _attend_chunk(q8, row_scale, m_i, l_i, acc, N_CHUNKS - 1, log2_vs_max, k8_ptr, v8t_ptr,
@@ -279,12 +289,20 @@ def empty_output(q: torch.Tensor) -> torch.Tensor:
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
-           scale: float | None = None, *, config: Config | None = None) -> torch.Tensor:
+           scale: float | None = None, *, config: Config | None = None,
+           bias_window: tuple[int, int] | None = None) -> torch.Tensor:
     """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
-    as :func:`empty_output` says."""
+    as :func:`empty_output` says. ``bias_window`` = (start, end): the caller guarantees that
+    ``bias`` is zero outside keys [start, end) (see :mod:`kopt.passes.key_mask_window`), so whole
+    key tiles outside it skip the bias add; default: the bias may be nonzero anywhere."""
     _check(q, k, v, bias, scale)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
+    start, end = (0, s_k) if bias_window is None else bias_window
+    if not 0 <= start <= end <= s_k:
+        raise ValueError(f"fp8_attention: bias window {bias_window} is not within [0, {s_k}]")
+    if bias is None or start == end:
+        start, end = 0, 0
     scale = d ** -0.5 if scale is None else scale
     out = empty_output(q)
     bias = None if bias is None else bias.contiguous()
@@ -292,7 +310,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     def run(cfg: Config, dst: torch.Tensor) -> None:
         block_n = cfg["BLOCK_N"]
         k8, v8t, ks, vs = quantize_kv(k, v, block_n)
-        chunks = vs.shape[1]
+        chunks, full = vs.shape[1], s_k // block_n
         grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h)
         keys, values = k8, v8t
         if cfg.get("USE_TMA", 0):
@@ -303,8 +321,9 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=s_k // block_n,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=full,
             CHUNKS_POW2=triton.next_power_of_2(chunks), USE_TMA=bool(cfg.get("USE_TMA", 0)),
+            FIRST_BIASED=min(start // block_n, full), END_BIASED=min(triton.cdiv(end, block_n), full),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:
@@ -313,7 +332,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
     if config is None:
         key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
-                        dtype=q.dtype)
+                        biased_keys=pow2_bucket(end - start), dtype=q.dtype)
         config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
     run(config, out)
     return out
@@ -322,16 +341,18 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 # ----------------------------------------------------------------------------- custom op
 @torch.library.custom_op("kopt::fp8_attention", mutates_args=())
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float) -> torch.Tensor:
-    """FP8 attention (B, H, S, D) → (B, H, S, D); the Triton kernels on CUDA, the spec elsewhere."""
+                  scale: float, bias_start: int = 0, bias_end: int = -1) -> torch.Tensor:
+    """FP8 attention (B, H, S, D) → (B, H, S, D); the Triton kernels on CUDA, the spec elsewhere.
+    ``bias`` is zero outside keys [bias_start, bias_end) (bias_end -1: S_k), as the caller guarantees."""
+    window = (bias_start, k.shape[2] if bias_end < 0 else bias_end)
     if q.is_cuda:
-        return launch(q, k, v, bias, scale)
+        return launch(q, k, v, bias, scale, bias_window=window)
     _check(q, k, v, bias, scale)
     return empty_output(q).copy_(reference(q, k, v, bias, scale))
 
 
 @fp8_attention.register_fake
-def _(q, k, v, bias, scale):
+def _(q, k, v, bias, scale, bias_start=0, bias_end=-1):
     return empty_output(q)
 
 

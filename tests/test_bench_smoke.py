@@ -189,7 +189,9 @@ def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
     assert all(0 < r["rel_err"] < 0.1 for r in gemm_rows)  # FP8-sized errors; zeros would give 1.0
     fp8_gemm.write(gemm_rows, tmp_path, cpu)
     attention_rows = attention.run(attention.TINY, cpu)
-    assert [r["kernel"] for r in attention_rows] == ["sdpa bf16", "kopt fp8"]
+    # SDPA, then the FP8 kernel with the mask applied to every key tile and only within its window
+    assert [r["kernel"] for r in attention_rows] == ["sdpa bf16", "kopt fp8", "kopt fp8"]
+    assert attention_rows[2]["config"].endswith("window=0:20")
     assert all(0 < r["rel_err"] < 0.2 for r in attention_rows)  # the interpreter truncates FP8 rounding
     assert (tmp_path / "fp8-gemm.md").exists()
 

@@ -31,6 +31,21 @@ def test_tiny_dits_run_every_attention_in_fp8_within_the_gate(name):
     assert names.index("fp8-attention") + 1 == names.index("staging")
 
 
+def test_qwen_image_mask_is_skipped_on_the_image_keys():
+    """The joint mask is cat([text mask, ones]): the op is told that only the 7 text keys of 71 can be
+    masked, and computes what it computes with the mask applied everywhere."""
+    _, model, inputs = tiny_model_and_inputs("qwen-image", seed=32)
+    inputs["encoder_hidden_states_mask"][:, -2:] = 0  # two padded text tokens: the mask matters
+    compiled = kopt.compile(model, passes=["fp8-attention"], lower="eager")
+    with torch.no_grad():
+        out = compiled(**inputs)[0]
+        assert rel_err(out, model(**inputs)[0]) < 0.1
+    (record,) = compiled.kopt_report.pass_records("fp8-attention")
+    assert any("outside keys [0, 7) of 71: 64 keys skip the mask add" in note for note in record.notes), record.notes
+    graph = compiled.kopt_report.graphs[0]
+    assert graph.fallback is None
+
+
 def test_pipeline_adds_the_pass_only_when_asked():
     assert "fp8-attention" not in [p.name for p in with_fp8(resolve("auto"), Fp8Config())]
     names = [p.name for p in with_fp8(resolve("auto"), Fp8Config(attention=True))]

@@ -7,7 +7,9 @@ The kernel (:mod:`kopt.kernels.fp8_attention`) quantizes Q and K per row and V p
 FP8 and runs both products on FP8 tensor cores, twice bf16's peak rate. Valid for attention
 without dropout or causal masking, Q/K/V of one (B, H) layout with a head dim the kernel
 supports, and a mask that is absent or an additive float key mask (B or 1, 1, 1, S_k), the form
-Qwen-Image's text padding takes; only the output is read (not the log-sum-exp). The loss is FP8
+Qwen-Image's text padding takes; only the output is read (not the log-sum-exp). Where the graph
+shows the mask to be zero outside a window of keys (Qwen-Image: everything but the text keys,
+:mod:`kopt.passes.key_mask_window`), the op gets that window and skips the mask there. The loss is FP8
 rounding, so the contract is ``quality``: the gate of :class:`kopt.fp8.Fp8Config`. Opt-in with
 ``Fp8Config(attention=True)``.
 """
@@ -24,6 +26,7 @@ from kopt.fx.graph_utils import meta_value, replace, stamp
 from kopt.kernels import fp8_attention as kernel
 from kopt.passes.base import PassContext, accepted_matches
 from kopt.passes.fp8_pass import Fp8Pass
+from kopt.passes.key_mask_window import bias_window
 
 aten = torch.ops.aten
 RULE = "fp8-attention"
@@ -82,20 +85,23 @@ class Fp8Attention(Fp8Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
+        windows: list[tuple[int, int, int]] = []
         for target in TARGETS:
             for node, (q, k, v, mask, scale) in accepted_matches(graph, target, match, ctx, RULE):
                 q_val, k_val = meta_value(q), meta_value(k)
                 batch, keys = q_val.shape[0], k_val.shape[2]
                 with graph.inserting_before(node):
-                    bias = None
+                    bias, window = None, (0, keys)
                     if mask is not None:
+                        window = bias_window(mask, keys)
+                        windows.append((*window, keys))
                         bias = graph.call_function(aten.reshape.default, (mask, [meta_value(mask).shape[0], keys]))
                         if meta_value(mask).shape[0] != batch:
                             bias = graph.call_function(aten.expand.default, (bias, [batch, keys]))
                         stamp(bias, pass_name=self.name, rule=RULE)
                     softmax_scale = q_val.shape[3] ** -0.5 if scale is None else scale
                     fused = graph.call_function(torch.ops.kopt.fp8_attention.default,
-                                                (q, k, v, bias, float(softmax_scale)))
+                                                (q, k, v, bias, float(softmax_scale), *window))
                     fused.meta["val"] = kernel.empty_output(q_val)
                 if node.target is aten.scaled_dot_product_attention.default:
                     replace(node, fused, pass_name=self.name, rule=RULE)
@@ -106,3 +112,7 @@ class Fp8Attention(Fp8Pass):
                         graph.erase_node(user)  # the output, or an unread log-sum-exp
                 graph.erase_node(node)
         graph.eliminate_dead_code()
+        for start, end, keys in sorted(set(windows)):
+            count = windows.count((start, end, keys))
+            ctx.notes.append(f"{count} key mask(s) provably zero outside keys [{start}, {end}) of {keys}: "
+                             f"{keys - (end - start)} keys skip the mask add")

@@ -54,9 +54,10 @@ def test_spec_error_on_random_inputs_is_fp8_sized():
 @pytest.mark.parametrize("keys", [90, 128])  # a partial last key tile (masked), and whole tiles only
 def test_kernel_matches_the_spec_for_every_config(config, keys):
     q, k, v, bias = _inputs(2, 2, 70, keys, 64, seed=3)
-    padding_only = torch.where(torch.isinf(bias), bias, 0.0)  # zero on whole key tiles, -inf after (Qwen-Image)
-    for b in (None, bias, padding_only):
-        out = mod.launch(q, k, v, b, 0.125, config=config)
+    padding_only = torch.where(torch.isinf(bias), bias, 0.0)  # zero on whole key tiles, -inf after
+    padded = (keys - keys // 5, keys)  # where padding_only may be nonzero: the window the pass would prove
+    for b, window in ((None, None), (bias, None), (padding_only, None), (padding_only, padded)):
+        out = mod.launch(q, k, v, b, 0.125, config=config, bias_window=window)
         assert out.shape == q.shape and out.stride() == mod.empty_output(q).stride()
         # the P rounding to FP8 is the kernel's only difference from the spec (≈ 2 % here)
         assert rel_err(out, mod.reference(q, k, v, b, 0.125, block_n=config["BLOCK_N"])) < 0.03
@@ -96,6 +97,8 @@ def test_bad_inputs_are_refused_clearly():
         mod.launch(q, k, v[:, :, :5])
     with pytest.raises(ValueError, match="key mask"):
         mod.launch(q, k, v, bias[:, :5])
+    with pytest.raises(ValueError, match="bias window"):
+        mod.launch(q, k, v, bias, bias_window=(3, 25))
 
 
 @pytest.mark.gpu
