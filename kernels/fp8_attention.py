@@ -146,9 +146,11 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
     and for this tile's V scale; P · V then accumulates straight into ``acc`` (in units of
     s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P.
 
-    A key mask costs one more add per logit (21 % at Qwen-Image's shape on the H200); skipping it on
-    tiles where it is all zeros needs a branch in the loop, which Triton 3.6's software pipeliner
-    rejects. ``USE_TMA``: ``k8_ptr`` and
+    A key mask costs one more add per logit (21 % at Qwen-Image's shape on the H200). Deciding per
+    tile at run time whether the mask is all zeros needs a branch in the loop, which Triton 3.6's
+    software pipeliner rejects; instead the caller may prove a window of keys outside which the mask
+    is zero, and the kernel runs its key loop in three parts (``HAS_BIAS`` only in the middle one).
+    ``USE_TMA``: ``k8_ptr`` and
     ``v8t_ptr`` are tensor descriptors of the (BH·S_kp, D) keys and (BH·D, S_kp) transposed values,
     so that the pipelined loop loads tiles with Hopper's TMA instead of per-thread addresses."""
     offs_n = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
