@@ -34,7 +34,8 @@ def _joint(text_mask):  # diffusers' QwenDoubleStreamAttnProcessor2_0, then SDPA
 
 @pytest.mark.parametrize("build, window", [
     (_joint, (0, TEXT)),  # Qwen-Image: only the text keys can be masked
-    (lambda m: torch.where(torch.cat([torch.ones(2, IMAGE, dtype=torch.bool), m], -1), 0.0, NEG), (IMAGE, IMAGE + TEXT)),
+    (lambda m: torch.where(torch.cat([torch.ones(2, IMAGE, dtype=torch.bool), m], -1), 0.0, NEG),
+     (IMAGE, IMAGE + TEXT)),  # image keys first
     (lambda m: torch.zeros(2, IMAGE + TEXT).masked_fill(~torch.cat([m, torch.ones(2, IMAGE, dtype=torch.bool)], 1),
                                                          NEG), (0, TEXT)),
     (lambda m: torch.where(torch.cat([m, m], -1), 0.0, NEG), (0, 2 * TEXT)),  # every key depends on the input
