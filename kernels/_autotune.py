@@ -33,7 +33,8 @@ from typing import Any
 import torch
 import triton
 
-__all__ = ["TUNER", "Choice", "Config", "Tuner", "choose", "config_name", "pow2_bucket", "shape_key"]
+__all__ = ["TUNER", "Choice", "Config", "Tuner", "block_candidates", "choose", "config_name", "pow2_bucket",
+           "shape_key"]
 
 Config = dict[str, int]
 Timer = Callable[[Callable[[], object]], float]
@@ -55,6 +56,22 @@ def shape_key(**parts: object) -> str:
         return str(int(value)) if isinstance(value, bool) else str(value)
 
     return ",".join(f"{name}={text(value)}" for name, value in parts.items())
+
+
+def block_candidates(default: Config, widest: int, blocks: tuple[int, ...], warps: tuple[int, ...],
+                     min_per_thread: int) -> tuple[Config, ...]:
+    """Launch configs of a one-dimensional (BLOCK, num_warps) kernel: ``default`` first, then every
+    BLOCK of ``blocks`` up to ``widest`` with every ``warps`` that gives each thread between
+    ``min_per_thread`` and 32 elements (fewer leaves lanes idle, more spills registers)."""
+    out = [dict(default)]
+    for block in blocks:
+        if block > widest:
+            continue
+        for num_warps in warps:
+            config = {"BLOCK": block, "num_warps": num_warps}
+            if min_per_thread <= block // (32 * num_warps) <= 32 and config not in out:
+                out.append(config)
+    return tuple(out)
 
 
 def config_name(config: Config) -> str:

@@ -142,15 +142,7 @@ _WARPS = (4, 8, 16, 32)
 
 @functools.cache
 def _candidates(width: int) -> tuple[Config, ...]:
-    out = [dict(DEFAULT_CONFIG)]
-    for block in _BLOCKS:
-        if block > max(width, 1024):
-            break
-        for warps in _WARPS:
-            config = {"BLOCK": block, "num_warps": warps}
-            if 4 <= block // (32 * warps) <= 32 and config not in out:
-                out.append(config)
-    return tuple(out)
+    return _autotune.block_candidates(DEFAULT_CONFIG, max(width, 1024), _BLOCKS, _WARPS, 4)
 
 
 def candidates(width: int) -> list[Config]:

@@ -61,15 +61,7 @@ def default_config(size: int, dtype: torch.dtype) -> Config:
 
 @functools.cache
 def _candidates(size: int, dtype: torch.dtype) -> tuple[Config, ...]:
-    out = [default_config(size, dtype)]
-    for block in _BLOCKS:
-        if block > max(size, 1024):
-            break
-        for w in _WARPS:
-            config = {"BLOCK": block, "num_warps": w}
-            if 4 <= block // (32 * w) <= 32 and config not in out:
-                out.append(config)
-    return tuple(out)
+    return _autotune.block_candidates(default_config(size, dtype), max(size, 1024), _BLOCKS, _WARPS, 4)
 
 
 def candidates(size: int, dtype: torch.dtype) -> list[Config]:

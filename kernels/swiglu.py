@@ -64,15 +64,8 @@ def default_config(f: int, dtype: torch.dtype) -> Config:
 
 @functools.cache
 def _candidates(f: int, dtype: torch.dtype) -> tuple[Config, ...]:
-    out = [default_config(f, dtype)]
-    for block in _BLOCKS:
-        if block > max(triton.next_power_of_2(f), 128):
-            break
-        for w in _WARPS:
-            config = {"BLOCK": block, "num_warps": w}
-            if 2 <= block // (32 * w) <= 32 and config not in out:
-                out.append(config)
-    return tuple(out)
+    return _autotune.block_candidates(default_config(f, dtype), max(triton.next_power_of_2(f), 128), _BLOCKS,
+                                      _WARPS, 2)
 
 
 def candidates(f: int, dtype: torch.dtype) -> list[Config]:
