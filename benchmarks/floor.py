@@ -6,8 +6,9 @@
 The floor is issue 6's: the forward's GEMM FLOPs (``per_model.<m>.flops.gemm``, counted on one eager
 forward) at ``--tflops`` (1420 TFLOP/s, FP8 on the H200), plus the eager row's attention kernel
 time from the same file. For each profiled forward row it prints the median, the kernel time per
-category with the GEMM and attention excess over the floor, the host gap, and the largest kernels
-outside GEMM and attention (what the elementwise time is made of).
+category with the GEMM and attention excess over the floor, the host gap, the profiled GPU idle
+time between kernels per launch (runs with a timeline), and the largest kernels outside GEMM and
+attention (what the elementwise time is made of).
 """
 
 from __future__ import annotations
@@ -32,18 +33,20 @@ def report(results: dict[str, Any], tflops: float, top: int) -> str:
                   f"{tflops:.0f} TFLOP/s) + {attention_floor:.1f} ms attention (eager) = "
                   f"{gemm_floor + attention_floor:.1f} ms", "",
                   "| variant | call | median ms | above floor | GEMM (+excess) | attention (+excess) | "
-                  "elementwise | gap | largest other kernels (ms) |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+                  "elementwise | gap | idle µs per launch | largest other kernels (ms) |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         medians = {(r["variant"], r["call"]): r["median_ms"] for r in results["rows"] if r["model"] == model}
         for b in breakdowns:
             ms = b["ms"]
             others = [k for k in b["top"] if k["category"] not in ("gemm", "attention")][:top]
             median = medians.get((b["variant"], b["call"]))
+            line = b.get("timeline")
+            idle = f"{line['idle_between_kernels'] * 1e3 / b['launches']:.1f}" if line and b.get("launches") else "–"
             lines.append(
                 f"| {b['variant']} | {b['call']} | {median:.2f} | {median - gemm_floor - attention_floor:.1f} | "
                 f"{ms['gemm']:.2f} ({ms['gemm'] - gemm_floor:+.1f}) | "
                 f"{ms['attention']:.2f} ({ms['attention'] - attention_floor:+.1f}) | "
-                f"{ms['norm_elementwise'] + ms['copies'] + ms['other']:.2f} | {b['gap_ms']:.2f} | "
+                f"{ms['norm_elementwise'] + ms['copies'] + ms['other']:.2f} | {b['gap_ms']:.2f} | {idle} | "
                 + ", ".join(f"{k['name'][:40]} {k['ms']:.2f}" for k in others) + " |")
         lines.append("")
     return "\n".join(lines)

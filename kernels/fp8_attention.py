@@ -26,8 +26,9 @@ Measured on the H200 (5bc906f, ``benchmarks/results/attention-s4.md``; the time 
 quantization): 618 TFLOP/s at FLUX.2's shape against cuDNN's bf16 590; 499 at Qwen-Image's masked
 shape against 381 (591 against 560 without the mask: the mask's add per logit costs 21 %). In the
 whole models (``dit-full-*-s4*``) that is 30.0 ms per Qwen-Image forward against cuDNN's 36.9, but
-63.4 against 57.9 ms in FLUX.2, whose forward runs at the 700 W power cap (clocks 1.45-1.65 GHz):
-there this kernel ran 41 % slower than alone, cuDNN's 15 %. The previous version (per-key K
+63.4 against 57.9 ms in FLUX.2, whose forward runs at the 700 W power cap (SM clock p50 1515 MHz
+while above 600 W, ``python benchmarks/clocks.py benchmarks/results/smi-s4as4b.csv --gpu 1
+--busy-watts 600``), where this kernel loses more than cuDNN's. The previous version (per-key K
 scales, scales applied per logit, P · V in a separate accumulator) ran 37 % slower than cuDNN in
 FLUX.2. What is left is Hopper's warp specialisation (producer warps feeding TMA, two softmax
 warpgroups taking turns), which this Triton loop does not get on sm_90. Hence

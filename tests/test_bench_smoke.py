@@ -205,3 +205,21 @@ def test_floor_report_reads_a_saved_run():
     results = json.loads((REPO / "benchmarks/results/dit-full-qwen-image-s3e.json").read_text())
     text = report(results, 1420.0, 3)
     assert "= 77.8 ms" in text and "| kopt-fp8-attn | forward | 109.67 |" in text
+    # a run with per-forward timelines: GPU idle between kernels per launch (8.20 ms over 1784 launches)
+    newer = report(json.loads((REPO / "benchmarks/results/dit-full-qwen-image-s4e.json").read_text()), 1420.0, 3)
+    assert "= 78.6 ms" in newer and "| kopt-fp8-attn | forward | 107.51 | 28.9 |" in newer
+    assert "| 6.73 | 4.6 |" in newer
+
+
+def test_clocks_summary_reads_both_nvidia_smi_logs(capsys):
+    """benchmarks/clocks.py on committed logs: per-row clocks from a timestamped log with its dit.py log,
+    the busy-sample summary from a log without timestamps (the numbers the README quotes)."""
+    from benchmarks import clocks
+
+    results = REPO / "benchmarks/results"
+    assert clocks.main([str(results / "smi-i5.csv"), str(results / "log-flux2-i5.txt"), "--gpu", "1"]) == 0
+    timed = capsys.readouterr().out
+    assert "| row | median ms |" in timed and "busy samples (> 300 W): 127" in timed
+    assert clocks.main([str(results / "smi-s4as4b.csv"), "--gpu", "1", "--busy-watts", "600"]) == 0
+    untimed = capsys.readouterr().out
+    assert "| row |" not in untimed and "SM clock p10/p50/p90 1425/1515/1680 MHz" in untimed
