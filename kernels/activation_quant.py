@@ -70,18 +70,26 @@ def reference(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "s
 
 
 @triton.jit
-def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr):
-    """act(h) at ``offs`` of one row, each step rounded to h's dtype as the unfused graph rounds it."""
-    dtype = h_ptr.dtype.element_ty
-    x = tl.load(h_ptr + row_start + offs, mask=mask, other=0.0).to(tl.float32)
+def _activate(x, u, dtype, IS_SWIGLU: tl.constexpr):
+    """act of loaded values (x; u the SwiGLU up half), each step rounded to ``dtype`` as the graph rounds it."""
+    x = x.to(tl.float32)
     if IS_SWIGLU:
-        u = tl.load(h_ptr + row_start + F + offs, mask=mask, other=0.0).to(tl.float32)
         s = (x * tl.sigmoid(x)).to(dtype).to(tl.float32)
-        y = s * u
+        y = s * u.to(tl.float32)
     else:
         z2 = 1.5957691216057308 * (x + 0.044715 * x * x * x)  # 2 * sqrt(2 / pi) * (x + 0.044715 x³)
         y = x / (1.0 + tl.exp(-z2))  # = 0.5 x (1 + tanh z)
     return y.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr):
+    """act(h) at ``offs`` of one row, each step rounded to h's dtype as the unfused graph rounds it."""
+    x = tl.load(h_ptr + row_start + offs, mask=mask, other=0.0)
+    u = x
+    if IS_SWIGLU:
+        u = tl.load(h_ptr + row_start + F + offs, mask=mask, other=0.0)
+    return _activate(x, u, h_ptr.dtype.element_ty, IS_SWIGLU)
 
 
 @triton.jit
@@ -135,22 +143,87 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
             tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=offs < F)
 
 
+@triton.jit
+def _load_row(prefix_ptr, h_ptr, row, M, P, F, stride_p, stride_h, cols, prefix_cols,
+              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr):
+    """One row's raw inputs (x, the SwiGLU up half u, the prefix); zeros past the last row."""
+    live = row < M
+    x = tl.load(h_ptr + row * stride_h + cols, mask=(cols < F) & live, other=0.0)
+    u = x
+    if IS_SWIGLU:
+        u = tl.load(h_ptr + row * stride_h + F + cols, mask=(cols < F) & live, other=0.0)
+    pre = x
+    if HAS_PREFIX:
+        pre = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=(prefix_cols < P) & live, other=0.0)
+    return x, u, pre
+
+
+@triton.jit
+def _activation_quant_prefetch_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, M, P, F, stride_p, stride_h, stride_q,
+                                      HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
+                                      PREFIX_BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    # The one-pass body of _activation_quant_kernel, for rows pid, pid + G, ... (G programs, a few per
+    # SM): the next row's loads are issued before the current row's amax, activation and stores, so
+    # that a program always has a row in flight. A program of the plain kernel idles the memory
+    # system while it reduces and stores its only row.
+    grid = tl.num_programs(0)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    prefix_cols = tl.arange(0, PREFIX_BLOCK)
+    dtype = h_ptr.dtype.element_ty
+    x_next, u_next, pre_next = _load_row(prefix_ptr, h_ptr, row, M, P, F, stride_p, stride_h, cols, prefix_cols,
+                                         HAS_PREFIX, IS_SWIGLU)
+    for _ in range(0, ITERS):
+        x, u, pre = x_next, u_next, pre_next
+        x_next, u_next, pre_next = _load_row(prefix_ptr, h_ptr, row + grid, M, P, F, stride_p, stride_h, cols,
+                                             prefix_cols, HAS_PREFIX, IS_SWIGLU)
+        live = row < M
+        y = _activate(x, u, dtype, IS_SWIGLU)
+        row_max = tl.max(tl.abs(y), axis=0)
+        if HAS_PREFIX:
+            pre = pre.to(tl.float32)
+            row_max = tl.maximum(row_max, tl.max(tl.abs(pre), axis=0))
+        scale = fp8_scale(row_max)
+        tl.store(scale_ptr + row, scale, mask=live)
+        if HAS_PREFIX:
+            tl.store(q_ptr + row * stride_q + prefix_cols, fp8_values(pre, scale).to(q_ptr.dtype.element_ty),
+                     mask=(prefix_cols < P) & live)
+        tl.store(q_ptr + row * stride_q + P + cols, fp8_values(y, scale).to(q_ptr.dtype.element_ty),
+                 mask=(cols < F) & live)
+        row += grid
+
+
 DEFAULT_CONFIG: Config = {"BLOCK": 1024, "num_warps": 4}
 _BLOCKS = (1024, 2048, 4096, 8192, 16384, 32768)  # the large ones keep a whole row in registers (one read)
 _WARPS = (4, 8, 16, 32)
 
 
+_PREFETCH = (1, 2)  # programs per SM of the prefetching kernel
+
+
 @functools.cache
 def _candidates(width: int) -> tuple[Config, ...]:
-    return _autotune.block_candidates(DEFAULT_CONFIG, max(width, 1024), _BLOCKS, _WARPS, 4)
+    plain = _autotune.block_candidates(DEFAULT_CONFIG, max(width, 1024), _BLOCKS, _WARPS, 4)
+    block = max(width, 1024)  # the whole row (width is a power-of-two bucket): the one-pass body
+    prefetching = tuple({"BLOCK": block, "num_warps": warps, "PREFETCH": per_sm} for warps in _WARPS
+                        for per_sm in _PREFETCH if 8 <= block // (32 * warps) <= 32)
+    return plain + prefetching
 
 
 def candidates(width: int) -> list[Config]:
     """Launch configs for rows of ``width`` outputs (a power-of-two bucket): the old fixed config
     first, then every (BLOCK, num_warps) with 4..32 elements per thread and BLOCK <= max(width, 1024).
     Bigger programs keep fewer rows in flight (the second pass reads them from L2), and a BLOCK
-    holding the whole activation and prefix makes the kernel read the row once."""
+    holding the whole activation and prefix makes the kernel read the row once. Configs with
+    ``PREFETCH`` (programs per SM) run the one-pass body in a fixed grid of programs that each load
+    their next row before working on the current one."""
     return [dict(c) for c in _candidates(pow2_bucket(width))]
+
+
+def _programs(device: torch.device, per_sm: int) -> int:
+    """The prefetching kernel's grid: ``per_sm`` programs per SM (4 SMs' worth when interpreted)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return sms * per_sm
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -185,13 +258,18 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
 
     def run(cfg: Config, q_out: torch.Tensor, scale_out: torch.Tensor) -> None:
         block = cfg["BLOCK"]
-        _activation_quant_kernel[(m,)](
-            prefix if prefix is not None else h2, h2, q_out, scale_out, p, f,
-            prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0),
-            HAS_PREFIX=prefix is not None, IS_SWIGLU=act == "swiglu", BLOCK=block,
-            P_CHUNKS=math.ceil(p / block), F_CHUNKS=math.ceil(f / block), ONE_PASS=f <= block and p <= block,
-            PREFIX_BLOCK=triton.next_power_of_2(max(p, 1)),
-            num_warps=cfg["num_warps"])
+        args = (prefix if prefix is not None else h2, h2, q_out, scale_out)
+        strides = (prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0))
+        flags = {"HAS_PREFIX": prefix is not None, "IS_SWIGLU": act == "swiglu", "BLOCK": block,
+                 "PREFIX_BLOCK": triton.next_power_of_2(max(p, 1)), "num_warps": cfg["num_warps"]}
+        if cfg.get("PREFETCH"):
+            if f > block or p > block:
+                raise ValueError(f"activation_quant: a PREFETCH config needs the row in one BLOCK, got {cfg}")
+            grid = min(m, _programs(h.device, cfg["PREFETCH"]))
+            _activation_quant_prefetch_kernel[(grid,)](*args, m, p, f, *strides, ITERS=math.ceil(m / grid), **flags)
+            return
+        _activation_quant_kernel[(m,)](*args, p, f, *strides, P_CHUNKS=math.ceil(p / block),
+                                       F_CHUNKS=math.ceil(f / block), ONE_PASS=f <= block and p <= block, **flags)
 
     def on_scratch() -> Callable[[Config], None]:
         q_scratch, scale_scratch = torch.empty_like(q), torch.empty_like(scale)

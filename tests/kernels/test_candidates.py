@@ -140,11 +140,13 @@ def test_activation_quant_candidates_start_with_the_old_config():
 
 @pytest.mark.parametrize("config", _params(ACTIVATION_QUANT_CONFIGS))
 def test_activation_quant_every_candidate(config):
-    f, p = 1500, 700  # neither divides any block: every step masks
+    f, p, rows = 1500, 700, 3  # neither divides any block: every step masks
+    if config.get("PREFETCH"):  # the row must fit one block; more rows than programs (4 per SM-count on the CPU)
+        f, rows = min(f, config["BLOCK"] - 5), 4 * config["PREFETCH"] * 2 + 3
     g = _gen(config)
     for act in ("swiglu", "gelu_tanh"):
-        h = (torch.randn(3, 2 * f if act == "swiglu" else f, generator=g) * 3).float()
-        prefix = torch.randn(3, p, generator=g) * 0.5
+        h = (torch.randn(rows, 2 * f if act == "swiglu" else f, generator=g) * 3).float()
+        prefix = torch.randn(rows, p, generator=g) * 0.5
         q, scale = activation_quant.launch(h, prefix, act, config=config)
         q_ref, scale_ref = activation_quant.reference(h, prefix, act)
         # not exact: over this many values the interpreter also truncates a few FP8 subnormals
