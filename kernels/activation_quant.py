@@ -43,6 +43,7 @@ from kopt.fp8.config import Granularity
 from kopt.fp8.quantize import FP8, quantize
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._fastmath import exp2, fast_math, reciprocal, round_to
 from kopt.kernels._rows import fp8_scale, fp8_values
 
 __all__ = ["ACTIVATIONS", "activation_quant", "candidates", "launch", "reference"]
@@ -69,40 +70,47 @@ def reference(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "s
     return quantize(y.reshape(-1, y.shape[-1]), Granularity.ROW)
 
 
+_GELU_A = tl.constexpr(-1.5957691216057308 * 1.4426950408889634)  # -2·sqrt(2/π)·log2(e)
+_GELU_B = tl.constexpr(-1.5957691216057308 * 1.4426950408889634 * 0.044715)
+
+
 @triton.jit
-def _activate(x, u, dtype, IS_SWIGLU: tl.constexpr):
-    """act of loaded values (x; u the SwiGLU up half), each step rounded to ``dtype`` as the graph rounds it."""
+def _activate(x, u, dtype, IS_SWIGLU: tl.constexpr, FAST: tl.constexpr):
+    """act of loaded values (x; u the SwiGLU up half), each step rounded to ``dtype`` as the graph
+    rounds it. Both activations are x / (1 + 2^(x·k(x))): GELU-tanh's 0.5·x·(1 + tanh z) is
+    x·sigmoid(2z), z = sqrt(2/π)(x + 0.044715x³); SiLU is x·sigmoid(x). One exp2 and one
+    reciprocal per value (:mod:`kopt.kernels._fastmath`): this kernel is bound by instruction issue."""
     x = x.to(tl.float32)
     if IS_SWIGLU:
-        s = (x * tl.sigmoid(x)).to(dtype).to(tl.float32)
-        y = s * u.to(tl.float32)
+        # (Triton packs these roundings two per instruction itself: round_to's would add shuffles)
+        s = (x * reciprocal(1.0 + exp2(x * -1.4426950408889634, FAST), FAST)).to(dtype).to(tl.float32)
+        y = (s * u.to(tl.float32)).to(dtype).to(tl.float32)
     else:
-        z2 = 1.5957691216057308 * (x + 0.044715 * x * x * x)  # 2 * sqrt(2 / pi) * (x + 0.044715 x³)
-        y = x / (1.0 + tl.exp(-z2))  # = 0.5 x (1 + tanh z)
-    return y.to(dtype).to(tl.float32)
+        y = round_to(x * reciprocal(1.0 + exp2(x * (_GELU_A + _GELU_B * (x * x)), FAST), FAST), dtype, FAST)
+    return y
 
 
 @triton.jit
-def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr):
+def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr, FAST: tl.constexpr):
     """act(h) at ``offs`` of one row, each step rounded to h's dtype as the unfused graph rounds it."""
     x = tl.load(h_ptr + row_start + offs, mask=mask, other=0.0)
     u = x
     if IS_SWIGLU:
         u = tl.load(h_ptr + row_start + F + offs, mask=mask, other=0.0)
-    return _activate(x, u, h_ptr.dtype.element_ty, IS_SWIGLU)
+    return _activate(x, u, h_ptr.dtype.element_ty, IS_SWIGLU, FAST)
 
 
 @triton.jit
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
                              P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr,
-                             PREFIX_BLOCK: tl.constexpr):
+                             PREFIX_BLOCK: tl.constexpr, FAST: tl.constexpr):
     # The trip counts are constexpr (one compile per width): Triton's CPU interpreter cannot loop to a
     # runtime bound, and a model has only a few distinct widths.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     if ONE_PASS:  # the activation fits one BLOCK (the prefix one PREFIX_BLOCK): one read, values kept in registers
-        y = _activation(h_ptr, row * stride_h, cols, cols < F, F, IS_SWIGLU)
+        y = _activation(h_ptr, row * stride_h, cols, cols < F, F, IS_SWIGLU, FAST)
         row_max = tl.max(tl.abs(y), axis=0)
         if HAS_PREFIX:
             prefix_cols = tl.arange(0, PREFIX_BLOCK)
@@ -125,7 +133,7 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
                 amax = tl.maximum(amax, tl.abs(x))
         for chunk in range(0, F_CHUNKS):
             offs = chunk * BLOCK + cols
-            y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
+            y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU, FAST)
             amax = tl.maximum(amax, tl.abs(y))
         scale = fp8_scale(tl.max(amax, axis=0))
         tl.store(scale_ptr + row, scale)
@@ -138,7 +146,7 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
                 tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < P)
         for chunk in range(0, F_CHUNKS):
             offs = chunk * BLOCK + cols
-            y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU)
+            y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU, FAST)
             q = fp8_values(y, scale)
             tl.store(q_ptr + row * stride_q + P + offs, q.to(q_ptr.dtype.element_ty), mask=offs < F)
 
@@ -161,7 +169,8 @@ def _load_row(prefix_ptr, h_ptr, row, M, P, F, stride_p, stride_h, cols, prefix_
 @triton.jit
 def _activation_quant_prefetch_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, M, P, F, stride_p, stride_h, stride_q,
                                       HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                                      PREFIX_BLOCK: tl.constexpr, ITERS: tl.constexpr):
+                                      PREFIX_BLOCK: tl.constexpr, ITERS: tl.constexpr,
+                                      FAST: tl.constexpr):
     # The one-pass body of _activation_quant_kernel, for rows pid, pid + G, ... (G programs, a few per
     # SM): the next row's loads are issued before the current row's amax, activation and stores, so
     # that a program always has a row in flight. A program of the plain kernel idles the memory
@@ -178,7 +187,7 @@ def _activation_quant_prefetch_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, M, P,
         x_next, u_next, pre_next = _load_row(prefix_ptr, h_ptr, row + grid, M, P, F, stride_p, stride_h, cols,
                                              prefix_cols, HAS_PREFIX, IS_SWIGLU)
         live = row < M
-        y = _activate(x, u, dtype, IS_SWIGLU)
+        y = _activate(x, u, dtype, IS_SWIGLU, FAST)
         row_max = tl.max(tl.abs(y), axis=0)
         if HAS_PREFIX:
             pre = pre.to(tl.float32)
@@ -261,7 +270,8 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
         args = (prefix if prefix is not None else h2, h2, q_out, scale_out)
         strides = (prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0))
         flags = {"HAS_PREFIX": prefix is not None, "IS_SWIGLU": act == "swiglu", "BLOCK": block,
-                 "PREFIX_BLOCK": triton.next_power_of_2(max(p, 1)), "num_warps": cfg["num_warps"]}
+                 "PREFIX_BLOCK": triton.next_power_of_2(max(p, 1)), "FAST": fast_math(h.device),
+                 "num_warps": cfg["num_warps"]}
         if cfg.get("PREFETCH"):
             if f > block or p > block:
                 raise ValueError(f"activation_quant: a PREFETCH config needs the row in one BLOCK, got {cfg}")
