@@ -53,7 +53,7 @@ from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._rows import fp8_rows, fp8_scale, fp8_values
 
-__all__ = ["candidates", "fp8_attention", "launch", "quantize_kv", "reference"]
+__all__ = ["candidates", "check", "empty_output", "fp8_attention", "launch", "quantize_kv", "reference"]
 
 HEAD_DIMS = (32, 64, 128)
 SPEC_BLOCK_N = 128  # the K/V tile of the spec (the kernel's tile is its BLOCK_N)
@@ -177,15 +177,17 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
 
 
 @triton.jit
-def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, H, S_q, S_k, S_kp,
+def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_ptr, out_scale_ptr, H, S_q, S_k, S_kp,
                           qk_scale, stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os,
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
                           CHUNKS_POW2: tl.constexpr, USE_TMA: tl.constexpr, FIRST_BIASED: tl.constexpr,
-                          END_BIASED: tl.constexpr):
+                          END_BIASED: tl.constexpr, OUT_FP8: tl.constexpr, HEADS_POW2: tl.constexpr):
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
     # fills (no key mask); a partial last tile, if any, is the only masked one. Full tiles outside
     # [FIRST_BIASED, END_BIASED) skip the bias (it is zero there): three loops, no branch in any.
+    # OUT_FP8: the output is written in FP8 with one scale per batch, stored for each of its rows
+    # (see kopt.kernels.fp8_attention_quant for why that scale bounds every output).
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -219,6 +221,14 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
                                       ks_ptr, vs_ptr, bias_ptr, b, bh, S_k, S_kp, stride_bias_b,
                                       HAS_BIAS, D, BLOCK_N, N_CHUNKS, True, USE_TMA)
     out = acc * (vs_max / 448.0) / l_i[:, None]
+    if OUT_FP8:  # |out| <= (1 + 2^-4) · max |V| of the batch, every head: one scale from the V tile scales
+        heads = tl.arange(0, HEADS_POW2)
+        every_vs = tl.load(vs_ptr + (b * H + heads[:, None]) * N_CHUNKS + chunks[None, :],
+                           mask=(heads[:, None] < H) & (chunks[None, :] < N_CHUNKS), other=0.0)
+        out_scale = tl.max(tl.max(every_vs, axis=1), axis=0) * 1.0625
+        out = fp8_values(out, out_scale)
+        tl.store(out_scale_ptr + b * S_q + offs_m, tl.zeros([BLOCK_M], dtype=tl.float32) + out_scale,
+                 mask=(offs_m < S_q) & (h == 0))
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
 
@@ -268,7 +278,8 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
     return k8, v8t, ks, vs
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None) -> None:
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None) -> None:
+    """Raise ValueError unless the kernel takes these inputs (shapes, head dim, strides, mask, scale)."""
     if scale is not None and not scale > 0:
         raise ValueError(f"fp8_attention: the softmax scale must be positive (the kernel takes row maxima of "
                          f"unscaled logits), got {scale}")
@@ -284,21 +295,24 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
                          f"got {tuple(bias.shape)}")
 
 
-def empty_output(q: torch.Tensor) -> torch.Tensor:
-    """The (B, H, S, D) output laid out as (B, S, H, D), as aten's SDPA kernels return it: the
-    model's following ``transpose(1, 2).reshape(B, S, H·D)`` is then a view, not a copy."""
+def empty_output(q: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The (B, H, S, D) output (in q's dtype unless given) laid out as (B, S, H, D), as aten's SDPA
+    kernels return it: the model's following ``transpose(1, 2).reshape(B, S, H·D)`` is then a view."""
     b, h, s, d = q.shape
-    return torch.empty((b, s, h, d), dtype=q.dtype, device=q.device).permute(0, 2, 1, 3)
+    return torch.empty((b, s, h, d), dtype=dtype or q.dtype, device=q.device).permute(0, 2, 1, 3)
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
            scale: float | None = None, *, config: Config | None = None,
-           bias_window: tuple[int, int] | None = None) -> torch.Tensor:
+           bias_window: tuple[int, int] | None = None, fp8_out: bool = False
+           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
     as :func:`empty_output` says. ``bias_window`` = (start, end): the caller guarantees that
     ``bias`` is zero outside keys [start, end) (see :mod:`kopt.passes.key_mask_window`), so whole
-    key tiles outside it skip the bias add; default: the bias may be nonzero anywhere."""
-    _check(q, k, v, bias, scale)
+    key tiles outside it skip the bias add; default: the bias may be nonzero anywhere. ``fp8_out``:
+    return (the output in FP8, its (B, S_q) float32 row scales) instead, as
+    :mod:`kopt.kernels.fp8_attention_quant` defines them."""
+    check(q, k, v, bias, scale)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     start, end = (0, s_k) if bias_window is None else bias_window
@@ -307,10 +321,11 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     if bias is None or start == end:
         start, end = 0, 0
     scale = d ** -0.5 if scale is None else scale
-    out = empty_output(q)
+    out = empty_output(q, FP8 if fp8_out else None)
+    out_scale = torch.empty((b, s_q), dtype=torch.float32, device=q.device)
     bias = None if bias is None else bias.contiguous()
 
-    def run(cfg: Config, dst: torch.Tensor) -> None:
+    def run(cfg: Config, dst: torch.Tensor, dst_scale: torch.Tensor) -> None:
         block_n = cfg["BLOCK_N"]
         k8, v8t, ks, vs = quantize_kv(k, v, block_n)
         chunks, full = vs.shape[1], s_k // block_n
@@ -320,25 +335,26 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             keys = TensorDescriptor.from_tensor(k8.view(-1, d), [block_n, d])
             values = TensorDescriptor.from_tensor(v8t.view(-1, k8.shape[1]), [d, block_n])
         _fp8_attention_kernel[grid](
-            q, keys, values, ks, vs, bias if bias is not None else ks, dst,
+            q, keys, values, ks, vs, bias if bias is not None else ks, dst, dst_scale,
             h, s_q, s_k, k8.shape[1], scale * _LOG2E,
             q.stride(0), q.stride(1), q.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
             bias.stride(0) if bias is not None else 0, HAS_BIAS=bias is not None, D=d,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, N_CHUNKS=chunks, N_FULL=full,
             CHUNKS_POW2=triton.next_power_of_2(chunks), USE_TMA=bool(cfg.get("USE_TMA", 0)),
             FIRST_BIASED=min(start // block_n, full), END_BIASED=min(triton.cdiv(end, block_n), full),
+            OUT_FP8=fp8_out, HEADS_POW2=triton.next_power_of_2(h),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     def on_scratch() -> Callable[[Config], None]:
-        scratch = empty_output(q)
-        return lambda cfg: run(cfg, scratch)
+        scratch, scratch_scale = empty_output(q, out.dtype), torch.empty_like(out_scale)
+        return lambda cfg: run(cfg, scratch, scratch_scale)
 
     if config is None:
         key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
-                        biased_keys=pow2_bucket(end - start), dtype=q.dtype)
+                        biased_keys=pow2_bucket(end - start), dtype=q.dtype, fp8_out=fp8_out)
         config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
-    run(config, out)
-    return out
+    run(config, out, out_scale)
+    return (out, out_scale) if fp8_out else out
 
 
 # ----------------------------------------------------------------------------- custom op
@@ -350,7 +366,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     window = (bias_start, k.shape[2] if bias_end < 0 else bias_end)
     if q.is_cuda:
         return launch(q, k, v, bias, scale, bias_window=window)
-    _check(q, k, v, bias, scale)
+    check(q, k, v, bias, scale)
     return empty_output(q).copy_(reference(q, k, v, bias, scale))
 
 

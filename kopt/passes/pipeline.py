@@ -54,8 +54,10 @@ def opt_in_passes() -> list[Pass]:
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
     from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
+    from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
 
-    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention()]
+    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
+            FuseAttentionOutputQuant()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> list[Pass]:
@@ -63,7 +65,8 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
     listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
     With row-wise scales ``fuse-activation-quant`` (SwiGLU / GELU-tanh → FP8 in one kernel) follows it.
-    ``Fp8Config(attention=True)`` adds ``fp8-attention`` just before ``staging``.
+    ``Fp8Config(attention=True)`` adds ``fp8-attention`` just before ``staging`` (with row scales,
+    followed by ``fuse-attention-output-quant``).
 
     When the passes come from ``"auto"`` (``from_auto``; ``kopt.compile`` decides), kopt also picks
     what the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``) become: with row scales
@@ -100,11 +103,15 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
         passes = [*passes[:at], FuseAdaLNQuant(), *passes[at:]]
     if config.attention:
         from kopt.passes.fp8_attention import Fp8Attention
+        from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
 
-        passes = [p for p in passes if p.name != "fp8-attention"]
+        attention: list[Pass] = [Fp8Attention(config)]
+        if row:  # the projections after attention quantize per row: the attention kernel writes FP8 itself
+            attention.append(FuseAttentionOutputQuant(config))
+        passes = [p for p in passes if p.name not in ("fp8-attention", "fuse-attention-output-quant")]
         names = [p.name for p in passes]
         at = names.index("staging") if "staging" in names else len(passes)  # staging names nodes: run before it
-        passes = [*passes[:at], Fp8Attention(config), *passes[at:]]
+        passes = [*passes[:at], *attention, *passes[at:]]
     return passes
 
 
