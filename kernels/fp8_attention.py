@@ -88,9 +88,12 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 # ----------------------------------------------------------------------------- Triton kernels
 @triton.jit
-def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp,
+def _kv_quant_kernel(k_ptr, v_ptr, vt_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp, S_v,
                      stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     D: tl.constexpr, BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr):
+                     stride_vtb, stride_vth, stride_vts, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     N_CHUNKS: tl.constexpr, V_TAIL: tl.constexpr):
+    # V_TAIL: the values are cat([v, vt]) along the keys (v holds the first S_v): read from both, so
+    # that the concatenation is never materialized
     chunk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -103,8 +106,15 @@ def _kv_quant_kernel(k_ptr, v_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp
     tl.store(k8_ptr + bh * S_kp * D + offs_n[:, None] * D + offs_d[None, :],
              fp8_values(k, ks).to(k8_ptr.dtype.element_ty))
     tl.store(ks_ptr + bh * N_CHUNKS + chunk, ks)
-    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
-                mask=valid, other=0.0).to(tl.float32)
+    if V_TAIL:
+        head = offs_n[:, None] < S_v
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                    mask=valid & head, other=0.0).to(tl.float32)
+        v += tl.load(vt_ptr + b * stride_vtb + h * stride_vth + (offs_n[:, None] - S_v) * stride_vts + offs_d[None, :],
+                     mask=valid & (offs_n[:, None] >= S_v), other=0.0).to(tl.float32)
+    else:
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                    mask=valid, other=0.0).to(tl.float32)
     vs = fp8_scale(tl.max(tl.max(tl.abs(v), axis=1), axis=0))
     tl.store(v8t_ptr + bh * D * S_kp + offs_d[None, :] * S_kp + offs_n[:, None],
              fp8_values(v, vs).to(v8t_ptr.dtype.element_ty))
@@ -261,10 +271,11 @@ def candidates() -> list[Config]:
     return [dict(c) for c in _candidates()]
 
 
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int, v_tail: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 (BH, S_kp, D), v8 transposed (BH, D, S_kp), per-tile K scales and per-tile V scales, each
-    (BH, S_kp / block_n)), S_kp = S_k rounded up to ``block_n`` (padding: zeros)."""
+    (BH, S_kp / block_n)), S_kp = S_k rounded up to ``block_n`` (padding: zeros). The values are
+    ``cat([v, v_tail], dim=2)`` when ``v_tail`` is given."""
     b, h, s_k, d = k.shape
     chunks = triton.cdiv(s_k, block_n)
     s_kp = chunks * block_n
@@ -272,14 +283,26 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int
     v8t = torch.empty((b * h, d, s_kp), dtype=FP8, device=k.device)
     ks = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
     vs = torch.empty((b * h, chunks), dtype=torch.float32, device=k.device)
-    _kv_quant_kernel[(chunks, b * h)](k, v, k8, v8t, ks, vs, h, s_k, s_kp, k.stride(0), k.stride(1), k.stride(2),
-                                      v.stride(0), v.stride(1), v.stride(2), D=d, BLOCK_N=block_n,
-                                      N_CHUNKS=chunks, num_warps=4)
+    tail = v if v_tail is None else v_tail
+    _kv_quant_kernel[(chunks, b * h)](k, v, tail, k8, v8t, ks, vs, h, s_k, s_kp, v.shape[2],
+                                      k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                                      tail.stride(0), tail.stride(1), tail.stride(2), D=d, BLOCK_N=block_n,
+                                      N_CHUNKS=chunks, V_TAIL=v_tail is not None, num_warps=4)
     return k8, v8t, ks, vs
 
 
-def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None) -> None:
-    """Raise ValueError unless the kernel takes these inputs (shapes, head dim, strides, mask, scale)."""
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float | None,
+          v_tail: torch.Tensor | None = None) -> None:
+    """Raise ValueError unless the kernel takes these inputs (shapes, head dim, strides, mask, scale);
+    with ``v_tail`` the values are ``cat([v, v_tail], dim=2)``."""
+    if v_tail is not None:
+        if v_tail.dim() != 4 or v.dim() != 4 or v_tail.shape[:2] != v.shape[:2] or v_tail.shape[3] != v.shape[3] \
+                or v_tail.dtype != v.dtype or v_tail.stride(-1) != 1:
+            raise ValueError(f"fp8_attention: v_tail {tuple(v_tail.shape)} {v_tail.dtype} must match v "
+                             f"{tuple(v.shape)} {v.dtype} in all but the key dim, with a unit head-dim stride")
+        if v.stride(-1) != 1:
+            raise ValueError("fp8_attention: q, k and v need a unit stride along the head dim")
+        v = torch.empty((*v.shape[:2], v.shape[2] + v_tail.shape[2], v.shape[3]), device="meta")  # the joined shape
     if scale is not None and not scale > 0:
         raise ValueError(f"fp8_attention: the softmax scale must be positive (the kernel takes row maxima of "
                          f"unscaled logits), got {scale}")
@@ -304,15 +327,16 @@ def empty_output(q: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
            scale: float | None = None, *, config: Config | None = None,
-           bias_window: tuple[int, int] | None = None, fp8_out: bool = False
+           bias_window: tuple[int, int] | None = None, fp8_out: bool = False, v_tail: torch.Tensor | None = None
            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
     as :func:`empty_output` says. ``bias_window`` = (start, end): the caller guarantees that
     ``bias`` is zero outside keys [start, end) (see :mod:`kopt.passes.key_mask_window`), so whole
     key tiles outside it skip the bias add; default: the bias may be nonzero anywhere. ``fp8_out``:
     return (the output in FP8, its (B, S_q) float32 row scales) instead, as
-    :mod:`kopt.kernels.fp8_attention_quant` defines them."""
-    check(q, k, v, bias, scale)
+    :mod:`kopt.kernels.fp8_attention_quant` defines them. ``v_tail``: the values are
+    ``cat([v, v_tail], dim=2)``, read from both (a joint attention's text and image values)."""
+    check(q, k, v, bias, scale, v_tail)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     start, end = (0, s_k) if bias_window is None else bias_window
@@ -327,7 +351,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
     def run(cfg: Config, dst: torch.Tensor, dst_scale: torch.Tensor) -> None:
         block_n = cfg["BLOCK_N"]
-        k8, v8t, ks, vs = quantize_kv(k, v, block_n)
+        k8, v8t, ks, vs = quantize_kv(k, v, block_n, v_tail)
         chunks, full = vs.shape[1], s_k // block_n
         grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h)
         keys, values = k8, v8t
@@ -360,18 +384,21 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 # ----------------------------------------------------------------------------- custom op
 @torch.library.custom_op("kopt::fp8_attention", mutates_args=())
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float, bias_start: int = 0, bias_end: int = -1) -> torch.Tensor:
+                  scale: float, bias_start: int = 0, bias_end: int = -1,
+                  v_tail: torch.Tensor | None = None) -> torch.Tensor:
     """FP8 attention (B, H, S, D) → (B, H, S, D); the Triton kernels on CUDA, the spec elsewhere.
-    ``bias`` is zero outside keys [bias_start, bias_end) (bias_end -1: S_k), as the caller guarantees."""
+    ``bias`` is zero outside keys [bias_start, bias_end) (bias_end -1: S_k), as the caller guarantees;
+    the values are ``cat([v, v_tail], dim=2)`` when ``v_tail`` is given."""
     window = (bias_start, k.shape[2] if bias_end < 0 else bias_end)
     if q.is_cuda:
-        return launch(q, k, v, bias, scale, bias_window=window)
-    check(q, k, v, bias, scale)
-    return empty_output(q).copy_(reference(q, k, v, bias, scale))
+        return launch(q, k, v, bias, scale, bias_window=window, v_tail=v_tail)
+    check(q, k, v, bias, scale, v_tail)
+    values = v if v_tail is None else torch.cat([v, v_tail], dim=2)
+    return empty_output(q).copy_(reference(q, k, values, bias, scale))
 
 
 @fp8_attention.register_fake
-def _(q, k, v, bias, scale, bias_start=0, bias_end=-1):
+def _(q, k, v, bias, scale, bias_start=0, bias_end=-1, v_tail=None):
     return empty_output(q)
 
 

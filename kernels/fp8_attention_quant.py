@@ -50,16 +50,17 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 @torch.library.custom_op("kopt::fp8_attention_quant", mutates_args=())
 def fp8_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-                        scale: float, bias_start: int = 0, bias_end: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                        scale: float, bias_start: int = 0, bias_end: int = -1,
+                        v_tail: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``kopt::fp8_attention`` with an FP8 output and its row scales; Triton on CUDA, the spec elsewhere."""
     window = (bias_start, k.shape[2] if bias_end < 0 else bias_end)
     if q.is_cuda:
-        return attention.launch(q, k, v, bias, scale, bias_window=window, fp8_out=True)
-    attention.check(q, k, v, bias, scale)
-    o8, row_scale = reference(q, k, v, bias, scale)
+        return attention.launch(q, k, v, bias, scale, bias_window=window, fp8_out=True, v_tail=v_tail)
+    attention.check(q, k, v, bias, scale, v_tail)
+    o8, row_scale = reference(q, k, v if v_tail is None else torch.cat([v, v_tail], dim=2), bias, scale)
     return attention.empty_output(q, FP8).copy_(o8), row_scale
 
 
 @fp8_attention_quant.register_fake
-def _(q, k, v, bias, scale, bias_start=0, bias_end=-1):
+def _(q, k, v, bias, scale, bias_start=0, bias_end=-1, v_tail=None):
     return attention.empty_output(q, FP8), q.new_empty((q.shape[0], q.shape[2]), dtype=torch.float32)

@@ -42,6 +42,8 @@ def test_qwen_image_mask_is_skipped_on_the_image_keys():
         assert rel_err(out, model(**inputs)[0]) < 0.1
     (record,) = compiled.kopt_report.pass_records("fp8-attention")
     assert any("outside keys [0, 7) of 71: 64 keys skip the mask add" in note for note in record.notes), record.notes
+    # the joint values cat([text, image]) are read from both parts by the kernel, not copied
+    assert any("read their values from two parts" in note for note in record.notes), record.notes
     graph = compiled.kopt_report.graphs[0]
     assert graph.fallback is None
 

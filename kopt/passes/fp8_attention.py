@@ -7,7 +7,9 @@ The kernel (:mod:`kopt.kernels.fp8_attention`) quantizes Q and K per row and V p
 FP8 and runs both products on FP8 tensor cores, twice bf16's peak rate. Valid for attention
 without dropout or causal masking, Q/K/V of one (B, H) layout with a head dim the kernel
 supports, and a mask that is absent or an additive float key mask (B or 1, 1, 1, S_k), the form
-Qwen-Image's text padding takes; only the output is read (not the log-sum-exp). Where the graph
+Qwen-Image's text padding takes; only the output is read (not the log-sum-exp). Values that are a
+concatenation of two parts read by nothing else (a joint attention's text and image values) are
+passed as both parts, so the kernel's K/V quantization reads them where they are. Where the graph
 shows the mask to be zero outside a window of keys (Qwen-Image: everything but the text keys,
 :mod:`kopt.passes.key_mask_window`), the op gets that window and skips the mask there. The loss is FP8
 rounding, so the contract is ``quality``: the gate of :class:`kopt.fp8.Fp8Config`. Opt-in with
@@ -78,6 +80,22 @@ def match(node: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
     return params["query"], params["key"], params["value"], mask, scale  # type: ignore[return-value]
 
 
+def value_parts(v: torch.fx.Node, attention: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(head, tail), each (B, S_i, H, D), if the values are ``cat([head, tail], dim=1)`` viewed as
+    (B, H, S, D) and read only by ``attention`` (a joint attention's text and image values): the
+    kernel then reads both parts and the concatenation copy is never made."""
+    if len(v.users) != 1 or not (v.target is aten.permute.default and list(v.args[1]) == [0, 2, 1, 3]
+                                 or v.target is aten.transpose.int and sorted(d % 4 for d in v.args[1:3]) == [1, 2]):
+        return None
+    cat = v.args[0]
+    if not (isinstance(cat, torch.fx.Node) and cat.target is aten.cat.default and len(cat.users) == 1):
+        return None
+    parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
+    if len(parts) != 2 or dim % 4 != 1 or any(meta_value(part) is None for part in parts):
+        return None
+    return parts[0], parts[1]
+
+
 class Fp8Attention(Fp8Pass):
     name = "fp8-attention"
     why = "attention products on FP8 tensor cores (Q per row, K and V per key tile), twice bf16's peak rate"
@@ -86,6 +104,7 @@ class Fp8Attention(Fp8Pass):
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
         windows: list[tuple[int, int, int]] = []
+        joined_values = 0
         for target in TARGETS:
             for node, (q, k, v, mask, scale) in accepted_matches(graph, target, match, ctx, RULE):
                 q_val, k_val = meta_value(q), meta_value(k)
@@ -100,8 +119,13 @@ class Fp8Attention(Fp8Pass):
                             bias = graph.call_function(aten.expand.default, (bias, [batch, keys]))
                         stamp(bias, pass_name=self.name, rule=RULE)
                     softmax_scale = q_val.shape[3] ** -0.5 if scale is None else scale
+                    v_tail = None
+                    parts = value_parts(v, node)
+                    if parts is not None:
+                        v, v_tail = (graph.call_function(aten.permute.default, (part, [0, 2, 1, 3])) for part in parts)
+                        joined_values += 1
                     fused = graph.call_function(torch.ops.kopt.fp8_attention.default,
-                                                (q, k, v, bias, float(softmax_scale), *window))
+                                                (q, k, v, bias, float(softmax_scale), *window, v_tail))
                     fused.meta["val"] = kernel.empty_output(q_val)
                 if node.target is aten.scaled_dot_product_attention.default:
                     replace(node, fused, pass_name=self.name, rule=RULE)
@@ -112,6 +136,9 @@ class Fp8Attention(Fp8Pass):
                         graph.erase_node(user)  # the output, or an unread log-sum-exp
                 graph.erase_node(node)
         graph.eliminate_dead_code()
+        if joined_values:
+            ctx.notes.append(f"{joined_values} attention(s) read their values from two parts (text, image): "
+                             f"no concatenation copy")
         for start, end, keys in sorted(set(windows)):
             count = windows.count((start, end, keys))
             ctx.notes.append(f"{count} key mask(s) provably zero outside keys [{start}, {end}) of {keys}: "

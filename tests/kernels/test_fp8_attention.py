@@ -122,3 +122,20 @@ def test_gpu_production_shapes_every_config(config):
         mask = None if bias is None else bias.float()[:, None, None, :]
         exact = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
         assert rel_err(out, exact) < 0.1
+
+
+@pytest.mark.parametrize("split", [30, 64])  # inside a key tile, and on a tile boundary
+def test_values_in_two_parts_are_read_as_their_concatenation(split):
+    """A joint attention's text and image values: v_tail saves materializing cat([v, v_tail])."""
+    q, k, v, bias = _inputs(1, 2, 40, 90, 32, seed=8)
+    head = v[:, :, :split].transpose(1, 2).contiguous().transpose(1, 2)  # strided, as the model's views are
+    tail = v[:, :, split:].clone()
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+    joined = mod.launch(q, k, head, bias, 0.2, config=config, v_tail=tail)
+    assert torch.equal(joined, mod.launch(q, k, v, bias, 0.2, config=config))
+    op = torch.ops.kopt.fp8_attention(q, k, head, bias, 0.2, v_tail=tail)  # the CPU spec path
+    assert torch.equal(op, torch.ops.kopt.fp8_attention(q, k, v, bias, 0.2))
+    with pytest.raises(ValueError, match="v_tail"):
+        mod.launch(q, k, head, bias, 0.2, v_tail=tail[..., :16])
+    with pytest.raises(ValueError, match="equal"):
+        mod.launch(q, k, head, bias, 0.2, v_tail=tail[:, :, 1:])
