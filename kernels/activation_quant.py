@@ -44,6 +44,7 @@ from kopt.fp8.quantize import FP8, quantize
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._fastmath import exp2, fast_math, reciprocal, round_to
+from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import fp8_scale, fp8_values
 
 __all__ = ["ACTIVATIONS", "activation_quant", "candidates", "launch", "reference"]
@@ -104,7 +105,8 @@ def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr, FAST: 
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
                              P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr,
-                             PREFIX_BLOCK: tl.constexpr, FAST: tl.constexpr):
+                             PREFIX_BLOCK: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     # The trip counts are constexpr (one compile per width): Triton's CPU interpreter cannot loop to a
     # runtime bound, and a model has only a few distinct widths.
     row = tl.program_id(0).to(tl.int64)
@@ -170,7 +172,8 @@ def _load_row(prefix_ptr, h_ptr, row, M, P, F, stride_p, stride_h, cols, prefix_
 def _activation_quant_prefetch_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, M, P, F, stride_p, stride_h, stride_q,
                                       HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
                                       PREFIX_BLOCK: tl.constexpr, ITERS: tl.constexpr,
-                                      FAST: tl.constexpr):
+                                      FAST: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     # The one-pass body of _activation_quant_kernel, for rows pid, pid + G, ... (G programs, a few per
     # SM): the next row's loads are issued before the current row's amax, activation and stores, so
     # that a program always has a row in flight. A program of the plain kernel idles the memory
@@ -271,7 +274,7 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
         strides = (prefix.stride(0) if prefix is not None else 0, h2.stride(0), q_out.stride(0))
         flags = {"HAS_PREFIX": prefix is not None, "IS_SWIGLU": act == "swiglu", "BLOCK": block,
                  "PREFIX_BLOCK": triton.next_power_of_2(max(p, 1)), "FAST": fast_math(h.device),
-                 "num_warps": cfg["num_warps"]}
+                 "num_warps": cfg["num_warps"], **launch_options(h.device)}
         if cfg.get("PREFETCH"):
             if f > block or p > block:
                 raise ValueError(f"activation_quant: a PREFETCH config needs the row in one BLOCK, got {cfg}")

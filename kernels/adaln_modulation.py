@@ -28,6 +28,7 @@ import triton.language as tl
 
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import (
     DTYPES,
     layer_norm_rows,
@@ -82,7 +83,9 @@ def _adaln_modulation_kernel(
     ONE_BATCH: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    begin(PDL)
     # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) input; per-row reductions on axis 1.
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -164,7 +167,7 @@ def launch(
             IS_RMS=bool(rms),
             HAS_WEIGHT=weight is not None,
             ONE_BATCH=one_batch(b, s, cfg),
-            **cfg,
+            **cfg, **launch_options(x.device)
         )
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``

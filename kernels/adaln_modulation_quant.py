@@ -24,6 +24,7 @@ from kopt.fp8.quantize import FP8, quantize
 from kopt.kernels import _autotune
 from kopt.kernels import adaln_modulation as _bf16
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import (
     DTYPES,
     layer_norm_rows,
@@ -49,7 +50,8 @@ def reference(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight:
 def _adaln_modulation_quant_kernel(x_ptr, scale_ptr, shift_ptr, weight_ptr, q_ptr, s_ptr, n_rows, S, N,
                                    stride_scale_b, stride_shift_b, eps, IS_RMS: tl.constexpr,
                                    HAS_WEIGHT: tl.constexpr, ONE_BATCH: tl.constexpr,
-                                   ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr):
+                                   ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if IS_RMS:
@@ -87,7 +89,7 @@ def launch(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: to
         _adaln_modulation_quant_kernel[(triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)](
             x, scale, shift, weight if weight is not None else x, q_dst, s_dst, n_rows, s, n,
             scale.stride(0), shift.stride(0), float(eps), IS_RMS=bool(rms), HAS_WEIGHT=weight is not None,
-            ONE_BATCH=one_batch(b, s, cfg), **cfg)
+            ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(x.device))
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into the results
         q_scratch, s_scratch = torch.empty_like(q), torch.empty_like(scales)

@@ -51,6 +51,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import fp8_rows, fp8_scale, fp8_values
 
 __all__ = ["candidates", "check", "empty_output", "fp8_attention", "launch", "quantize_kv", "reference"]
@@ -91,7 +92,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 def _kv_quant_kernel(k_ptr, v_ptr, vt_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, H, S_k, S_kp, S_v,
                      stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      stride_vtb, stride_vth, stride_vts, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                     N_CHUNKS: tl.constexpr, V_TAIL: tl.constexpr):
+                     N_CHUNKS: tl.constexpr, V_TAIL: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     # V_TAIL: the values are cat([v, vt]) along the keys (v holds the first S_v): read from both, so
     # that the concatenation is never materialized
     chunk = tl.program_id(0)
@@ -192,7 +194,8 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
                           stride_bias_b, HAS_BIAS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, N_CHUNKS: tl.constexpr, N_FULL: tl.constexpr,
                           CHUNKS_POW2: tl.constexpr, USE_TMA: tl.constexpr, FIRST_BIASED: tl.constexpr,
-                          END_BIASED: tl.constexpr, OUT_FP8: tl.constexpr, HEADS_POW2: tl.constexpr):
+                          END_BIASED: tl.constexpr, OUT_FP8: tl.constexpr, HEADS_POW2: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     # qk_scale = softmax scale · log2(e): the softmax runs in base 2 (exp2). N_FULL: the key tiles S_k
     # fills (no key mask); a partial last tile, if any, is the only masked one. Full tiles outside
     # [FIRST_BIASED, END_BIASED) skip the bias (it is zero there): three loops, no branch in any.
@@ -287,7 +290,8 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_n: int, v_tail: torch.Te
     _kv_quant_kernel[(chunks, b * h)](k, v, tail, k8, v8t, ks, vs, h, s_k, s_kp, v.shape[2],
                                       k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
                                       tail.stride(0), tail.stride(1), tail.stride(2), D=d, BLOCK_N=block_n,
-                                      N_CHUNKS=chunks, V_TAIL=v_tail is not None, num_warps=4)
+                                      N_CHUNKS=chunks, V_TAIL=v_tail is not None, num_warps=4,
+                                      **launch_options(k.device))
     return k8, v8t, ks, vs
 
 
@@ -367,7 +371,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             CHUNKS_POW2=triton.next_power_of_2(chunks), USE_TMA=bool(cfg.get("USE_TMA", 0)),
             FIRST_BIASED=min(start // block_n, full), END_BIASED=min(triton.cdiv(end, block_n), full),
             OUT_FP8=fp8_out, HEADS_POW2=triton.next_power_of_2(h),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(q.device))
 
     def on_scratch() -> Callable[[Config], None]:
         scratch, scratch_scale = empty_output(q, out.dtype), torch.empty_like(out_scale)

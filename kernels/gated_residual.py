@@ -28,6 +28,7 @@ import triton.language as tl
 
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import (
     DTYPES,
     gated_residual_rows,
@@ -80,7 +81,9 @@ def _gated_residual_kernel(
     ONE_BATCH: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    begin(PDL)
     # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) inputs; per-row reductions on axis 1.
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
@@ -159,7 +162,7 @@ def launch(
             shift.stride(0),
             float(eps),
             ONE_BATCH=one_batch(b, s, cfg),
-            **cfg,
+            **cfg, **launch_options(r.device)
         )
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here: out may alias r (in-place residual)

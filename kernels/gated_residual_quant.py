@@ -26,6 +26,7 @@ from kopt.fp8.quantize import FP8, quantize
 from kopt.kernels import _autotune
 from kopt.kernels import gated_residual as _bf16
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import (
     DTYPES,
     gated_residual_rows,
@@ -51,7 +52,8 @@ def reference(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch
 @triton.jit
 def _gated_residual_quant_kernel(r_ptr, y_ptr, gate_ptr, scale_ptr, shift_ptr, r_out_ptr, q_ptr, s_ptr, n_rows, S,
                                  N, stride_gate_b, stride_scale_b, stride_shift_b, eps, ONE_BATCH: tl.constexpr,
-                                 ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr):
+                                 ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
                                  stride_gate_b, N, eps)
@@ -81,7 +83,7 @@ def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Te
     def run(cfg: Config, dst: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         _gated_residual_quant_kernel[(triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)](
             r, y, gate, scale, shift, *dst, n_rows, s, n, gate.stride(0), scale.stride(0), shift.stride(0),
-            float(eps), ONE_BATCH=one_batch(b, s, cfg), **cfg)
+            float(eps), ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(r.device))
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into the results
         scratch = (torch.empty_like(r_out), torch.empty_like(q), torch.empty_like(scales))

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 
 __all__ = ["candidates", "gelu_tanh", "launch", "reference"]
 
@@ -33,7 +34,8 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- Triton kernel
 @triton.jit
-def _gelu_tanh_kernel(x_ptr, out_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr):
+def _gelu_tanh_kernel(x_ptr, out_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -86,7 +88,8 @@ def launch(x: torch.Tensor, out: torch.Tensor | None = None, *, config: Config |
         return out
 
     def run(cfg: Config, dst: torch.Tensor) -> None:
-        _gelu_tanh_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](x, dst, n, K=_SQRT_2_OVER_PI, **cfg)
+        _gelu_tanh_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](x, dst, n, K=_SQRT_2_OVER_PI, **cfg,
+                                                           **launch_options(x.device))
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here: out may be x (in place)
         scratch = torch.empty_like(out)

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 
 __all__ = ["candidates", "cos_sin_from_complex", "launch", "qk_norm_rope", "reference"]
 
@@ -102,7 +103,9 @@ def _qk_norm_rope_kernel(
     HAS_WEIGHT: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    begin(PDL)
     # One program: ROWS_PER_PROGRAM rows (token, head) x D columns. x and out move as contiguous row
     # tiles (vectorised loads/stores); pairs are split in registers: (R, D) -> (R, D/2, 2).
     pid = tl.program_id(0).to(tl.int64)
@@ -266,7 +269,7 @@ def launch(
             float(eps),
             IS_COMPLEX=mode == "complex",
             HAS_WEIGHT=weight is not None,
-            **cfg,
+            **cfg, **launch_options(x.device)
         )
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._pdl import begin, launch_options
 
 __all__ = ["candidates", "launch", "reference", "swiglu"]
 
@@ -33,7 +34,8 @@ def reference(h: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- Triton kernel
 @triton.jit
-def _swiglu_kernel(h_ptr, out_ptr, F, stride_hm, BLOCK: tl.constexpr):
+def _swiglu_kernel(h_ptr, out_ptr, F, stride_hm, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    begin(PDL)
     # grid: (rows, column blocks); rows on axis 0 (no 65535 limit there)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -96,7 +98,8 @@ def launch(h: torch.Tensor, out: torch.Tensor | None = None, *, config: Config |
     m = h2.shape[0]
 
     def run(cfg: Config, dst: torch.Tensor) -> None:
-        _swiglu_kernel[(m, triton.cdiv(f, cfg["BLOCK"]))](h2, dst, f, h2.stride(0), **cfg)
+        _swiglu_kernel[(m, triton.cdiv(f, cfg["BLOCK"]))](h2, dst, f, h2.stride(0), **cfg,
+                                                          **launch_options(h.device))
 
     def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
         scratch = torch.empty_like(out)
