@@ -61,13 +61,14 @@ class RowwiseFp8Linear(nn.Module):
         bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
         self.register_buffer("bias", bias)
         self.use_scaled_mm = use_scaled_mm
+        self.use_fast_accum = False  # cuBLAS' fast FP8 accumulation (set_fast_accum); torch's default is off
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leading = x.shape[:-1]
         x_fp8, x_scale = quantize_rows(x.reshape(-1, self.in_features))
         if self.use_scaled_mm:
             y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
-                                 bias=self.bias, out_dtype=torch.bfloat16)
+                                 bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum)
         else:
             y = self.dequantized_matmul(x_fp8, x_scale)
         return y.reshape(*leading, self.out_features).to(x.dtype)
@@ -83,6 +84,7 @@ class RowwiseFp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         kernel = "_scaled_mm rowwise" if self.use_scaled_mm else "dequantize+matmul reference"
+        kernel += ", fast accumulation" if self.use_fast_accum else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {kernel}"
 
 
@@ -134,6 +136,14 @@ def quantize_linears(model: nn.Module, *, min_features: int = 1024) -> tuple[int
         notes.append(f"rowwise torch._scaled_mm unavailable on {device_type} ({reason}); "
                      "ran the dequantize+matmul reference instead")
     return replaced, notes
+
+
+def set_fast_accum(model: nn.Module, fast: bool) -> int:
+    """Turn cuBLAS' fast FP8 accumulation on or off in every :class:`RowwiseFp8Linear`; returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, RowwiseFp8Linear)]
+    for layer in layers:
+        layer.use_fast_accum = fast
+    return len(layers)
 
 
 def count_fp8_linears(model: nn.Module) -> int:

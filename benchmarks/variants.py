@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.fp8_baseline import count_fp8_linears, quantize_linears
+from benchmarks.fp8_baseline import count_fp8_linears, quantize_linears, set_fast_accum
 from kopt.fp8 import Fp8Config
 
 
@@ -90,13 +90,17 @@ def _whole_compile(model: nn.Module, setup: Setup) -> Prepared:
 # ---------------------------------------------------------------- FP8 baseline
 
 
-def _fp8(model: nn.Module, setup: Setup, *, compile_blocks: bool) -> Prepared:
-    """Quantize the blocks' large linears (once per process), then optionally compile regionally."""
+def _fp8(model: nn.Module, setup: Setup, *, compile_blocks: bool, fast_accum: bool = False) -> Prepared:
+    """Quantize the blocks' large linears (once per process), then optionally compile regionally.
+    ``fast_accum``: their GEMMs use cuBLAS' fast FP8 accumulation (kopt's default), for a like-for-like row."""
     notes: list[str] = []
     if count_fp8_linears(model) == 0:
         _, notes = quantize_linears(model, min_features=setup.fp8_min_features)
     else:
         notes = [f"reused {count_fp8_linears(model)} FP8 linears quantized by an earlier variant"]
+    set_fast_accum(model, fast_accum)
+    if fast_accum:
+        notes.append("fast FP8 accumulation")
     if compile_blocks:
         model.compile_repeated_blocks()
         notes.append("regional torch.compile on top")
@@ -126,6 +130,9 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
                                     fp8=Fp8Config()),
     # FP8 linears and FP8 attention (kopt::fp8_attention: Q per row, K and V per key tile)
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
+    # the same with float32 accumulation in the FP8 GEMMs (the default is cuBLAS' fast accumulation)
+    "kopt-fp8-f32-accum": dict(passes="auto", fp8=Fp8Config(fast_accum=False)),
+    "kopt-fp8-attn-f32-accum": dict(passes="auto", fp8=Fp8Config(attention=True, fast_accum=False)),
     # DeepSeek-V3 block scales: 1x128 activation slices, 128x128 weight tiles (cuBLAS block-scaled GEMM)
     "kopt-fp8-block": dict(passes="auto", fp8=Fp8Config(granularity="block-128x128")),
 }
@@ -177,6 +184,9 @@ def all_variants() -> list[Variant]:
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
                 estimate_full_s=180, aliases=("fp8",)),
+        Variant("fp8+torch.compile-fast-accum", "rowwise FP8 linears with fast accumulation + regional torch.compile",
+                lambda m, s: _fp8(m, s, compile_blocks=True, fast_accum=True), mutates_model=True,
+                estimate_full_s=180),
         Variant("fp8-eager", "rowwise FP8 linears, no compile", lambda m, s: _fp8(m, s, compile_blocks=False),
                 mutates_model=True, estimate_full_s=60),
     ]

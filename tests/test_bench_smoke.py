@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks.breakdown import classify, forward_timeline
-from benchmarks.fp8_baseline import RowwiseFp8Linear, quantize_linears
+from benchmarks.fp8_baseline import RowwiseFp8Linear, quantize_linears, set_fast_accum
 from benchmarks.variants import select
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,6 +125,13 @@ def test_quantize_replaces_block_linears_only_and_is_idempotent() -> None:
     assert quantize_linears(model, min_features=16)[0] == 2
     assert isinstance(model.head, torch.nn.Linear)
     assert quantize_linears(model, min_features=16)[0] == 0
+    # the like-for-like baseline row: the same layers with cuBLAS' fast accumulation, and back
+    x = torch.randn(4, 32)
+    slow = model.blocks[0].proj(x)
+    assert set_fast_accum(model, True) == 2 and model.blocks[0].proj.use_fast_accum
+    assert "fast accumulation" in repr(model.blocks[0].proj)
+    assert torch.allclose(model.blocks[0].proj(x), slow, rtol=1e-2, atol=1e-2)  # the CPU ignores the flag
+    assert set_fast_accum(model, False) == 2 and not model.blocks[0].proj.use_fast_accum
 
 
 def test_model_mutating_variants_run_last() -> None:

@@ -162,6 +162,36 @@ def test_graph_has_fp8_gemms_and_no_per_call_weight_quantization():
     assert seen["fp8_constants"] == [torch.float8_e4m3fn, torch.float8_e4m3fn]
 
 
+def _gemm_kwargs(config: Fp8Config) -> tuple[list[dict], list[str]]:
+    """The ``_scaled_mm`` nodes' keyword arguments and the fp8-linear notes for the MLP under ``config``."""
+    seen = {}
+
+    def spy(graph_module, ctx):
+        seen["kwargs"] = [dict(n.kwargs) for n in graph_module.graph.nodes if n.target is aten._scaled_mm.default]
+
+    passes = [Fp8Linear(config), kopt.FunctionPass("spy", "look", kopt.Contract.exact(), spy)]
+    compiled = kopt.compile(Mlp(torch.bfloat16), passes=passes, lower="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 64).bfloat16())
+    (record,) = compiled.kopt_report.pass_records("fp8-linear")
+    return seen["kwargs"], record.notes
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_accumulation_is_requested_unless_turned_off(fast):
+    kwargs, _ = _gemm_kwargs(Fp8Config(min_features=16, fast_accum=fast))
+    assert len(kwargs) == 2 and all(k.get("use_fast_accum", False) is fast for k in kwargs)
+
+
+def test_a_device_refusing_fast_accumulation_gets_float32_accumulation_and_a_note(monkeypatch):
+    from kopt.passes import fp8_linear
+
+    monkeypatch.setattr(fp8_linear, "_fast_accum_refused", lambda device: "RuntimeError: not supported")
+    kwargs, notes = _gemm_kwargs(Fp8Config(min_features=16))
+    assert len(kwargs) == 2 and not any(k.get("use_fast_accum", False) for k in kwargs)
+    assert any("fast FP8 accumulation refused" in note and "not supported" in note for note in notes), notes
+
+
 def test_block_granularity_uses_the_block_scaled_gemm_and_declines_unaligned_layers():
     seen = {}
 

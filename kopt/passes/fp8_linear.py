@@ -17,10 +17,15 @@ their weight scale grids are put in the memory order the GPU's GEMM reads, here,
 Valid because ``_scaled_mm`` computes ``(q_x * scale_x) @ (q_W * scale_W).T + b`` with float32
 accumulation, i.e. the linear on the quantized values; the loss is the quantization error itself,
 so the contract is ``quality``: the gate of :class:`kopt.fp8.Fp8Config` (cosine and SQNR against
-bf16, checked by ``verify=True`` and by :func:`kopt.fp8.measure`).
+bf16, checked by ``verify=True`` and by :func:`kopt.fp8.measure`). With ``fast_accum`` (the
+default) the tensor cores keep their partial sums in their own, slightly shorter, accumulator
+format, which the same gate covers; a GPU whose ``_scaled_mm`` refuses it is probed once and
+falls back to float32 accumulation, with a note.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -122,6 +127,36 @@ def _quantize_activation_blocks(graph: torch.fx.Graph, xf: torch.fx.Node, shape:
     return q, scale
 
 
+def _device(graph_module: torch.fx.GraphModule) -> torch.device:
+    """The device of the graph's constants (the weights the GEMMs read)."""
+    for value in list(graph_module.parameters()) + list(graph_module.buffers()):
+        return value.device
+    return torch.device("cpu")
+
+
+@functools.cache
+def _fast_accum_refused(device: torch.device) -> str | None:
+    """Why ``_scaled_mm(use_fast_accum=True)`` with row scales and a bf16 bias fails on ``device``, or None."""
+    try:
+        a = torch.ones(32, 32, device=device).to(FP8)
+        torch._scaled_mm(a, a.t(), torch.ones(32, 1, device=device), torch.ones(1, 32, device=device),
+                         bias=torch.zeros(32, device=device, dtype=torch.bfloat16), out_dtype=torch.bfloat16,
+                         use_fast_accum=True)
+    except Exception as error:  # noqa: BLE001 - any refusal means: accumulate in float32
+        return f"{type(error).__name__}: {error}".splitlines()[0]
+    return None
+
+
+def _fast_accum_runs(device: torch.device, granularity: Granularity, ctx: PassContext) -> bool:
+    """Whether the GEMMs get ``use_fast_accum``: row or tensor scales, and the device's ``_scaled_mm`` takes it."""
+    if block_shape(granularity, Operand.WEIGHT) is not None:
+        return False  # block scales run on kopt::fp8_block_mm
+    refused = _fast_accum_refused(device)
+    if refused:
+        ctx.notes.append(f"fast FP8 accumulation refused on {device} ({refused}): GEMMs accumulate in float32")
+    return refused is None
+
+
 class Fp8Linear(Fp8Pass):
     name = "fp8-linear"
     why = "linears with constant weights run as FP8 GEMMs; weights and their scales quantized once at compile time"
@@ -130,6 +165,7 @@ class Fp8Linear(Fp8Pass):
         graph = graph_module.graph
         granularity = Granularity(self.config.granularity)
         weight_bytes = 0
+        fast_accum = self.config.fast_accum and _fast_accum_runs(_device(graph_module), granularity, ctx)
         for node in list(graph.nodes):
             if node.target not in (aten.mm.default, aten.addmm.default):
                 continue
@@ -163,8 +199,10 @@ class Fp8Linear(Fp8Pass):
                     mat2 = graph.call_function(aten.t.default, (q_node,))
                     # torch's CUDA _scaled_mm has no bias epilogue for float32 outputs: add it after
                     epilogue_bias = None if out_dtype == torch.float32 else bias
-                    gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node),
-                                               {"bias": epilogue_bias, "out_dtype": out_dtype})
+                    kwargs = {"bias": epilogue_bias, "out_dtype": out_dtype}
+                    if fast_accum:
+                        kwargs["use_fast_accum"] = True
+                    gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node), kwargs)
                     if bias is not None and epilogue_bias is None:
                         gemm = graph.call_function(aten.add.Tensor, (gemm, bias))
             for new in (q_x, x_scale, mat2):
