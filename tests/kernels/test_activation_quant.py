@@ -105,3 +105,17 @@ def test_gpu_qwen_image_gelu_shape():
     torch.testing.assert_close(scale, scale_ref, rtol=1e-2, atol=0)  # a row's max may round to another bf16
     deq, deq_ref = _dequantized(q, scale), _dequantized(q_ref, scale_ref)
     assert ((deq - deq_ref).norm() / deq_ref.norm()).item() < 5e-3
+
+
+def test_register_chunk_configs_split_the_row_into_two_to_five_chunks():
+    """IN_REGISTERS holds the row as 2..5 BLOCK-wide chunks: 12288 = 3 x 4096 (Qwen-Image) is offered,
+    a config that would need one chunk or more than five is refused clearly when forced."""
+    offered = [c for c in mod.candidates(12288) if c.get("IN_REGISTERS")]
+    assert {"BLOCK": 4096, "num_warps": 16, "IN_REGISTERS": 1} in offered
+    h, _ = _inputs((3,), 100, None, torch.float32, seed=9, act="gelu_tanh")
+    with pytest.raises(ValueError, match="chunks, not 2..5"):
+        mod.launch(h, None, "gelu_tanh", config={"BLOCK": 2048, "num_warps": 8, "IN_REGISTERS": 1})
+    h, prefix = _inputs((3,), 4 * 2048 + 7, 30, torch.bfloat16, seed=10)  # 5 chunks, the last one partial
+    q, scale = mod.launch(h, prefix, "swiglu", config={"BLOCK": 2048, "num_warps": 8, "IN_REGISTERS": 1})
+    q_ref, scale_ref = mod.reference(h, prefix, "swiglu")
+    assert_fp8_matches(q, scale, q_ref, scale_ref, exact=False)

@@ -143,6 +143,8 @@ def test_activation_quant_every_candidate(config):
     f, p, rows = 1500, 700, 3  # neither divides any block: every step masks
     if config.get("PREFETCH"):  # the row must fit one block; more rows than programs (4 per SM-count on the CPU)
         f, rows = min(f, config["BLOCK"] - 5), 4 * config["PREFETCH"] * 2 + 3
+    if config.get("IN_REGISTERS"):  # 2..5 register chunks per row: here 3, the last one partial
+        f = 2 * config["BLOCK"] + 100
     g = _gen(config)
     for act in ("swiglu", "gelu_tanh"):
         h = (torch.randn(rows, 2 * f if act == "swiglu" else f, generator=g) * 3).float()
