@@ -192,6 +192,38 @@ def test_a_device_refusing_fast_accumulation_gets_float32_accumulation_and_a_not
     assert any("fast FP8 accumulation refused" in note and "not supported" in note for note in notes), notes
 
 
+class BatchedLinear(torch.nn.Module):
+    """A bias-free linear written the way aten's matmul decomposes one whose 3-D input cannot be
+    folded to 2-D (FLUX.2's attention output projections): bmm with the transposed weight expanded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(48, 64) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, self.weight.t().expand(x.shape[0], 64, 48))
+
+
+def test_a_linear_computed_as_bmm_becomes_an_fp8_gemm():
+    seen = {}
+
+    def spy(when):
+        def look(graph_module, ctx):
+            seen[when] = [n.target for n in graph_module.graph.nodes]
+        return kopt.FunctionPass(f"spy-{when}", "look", kopt.Contract.exact(), look)
+
+    module = BatchedLinear()
+    passes = [spy("before"), Fp8Linear(Fp8Config(min_features=16)), spy("after")]
+    compiled = kopt.compile(module, passes=passes, lower="eager")
+    x = torch.randn(2, 10, 64)
+    with torch.no_grad():
+        out, reference = compiled(x), module(x)
+    assert aten.bmm.default in seen["before"]  # the form the capture gives
+    assert aten.bmm.default not in seen["after"] and aten._scaled_mm.default in seen["after"]
+    assert compiled.kopt_report.matches("fp8-linear") == 1
+    assert out.shape == reference.shape and 0 < rel_err(out, reference) < 0.1
+
+
 def test_block_granularity_uses_the_block_scaled_gemm_and_declines_unaligned_layers():
     seen = {}
 
@@ -296,7 +328,7 @@ def test_skipped_and_small_layers_stay_bf16_with_reasons():
     assert all("smaller than min_features=100" in m.reason for m in record.near_misses)
 
 
-@pytest.mark.parametrize("name, merged_matches", [("qwen-image", 18), ("flux2", 15)])
+@pytest.mark.parametrize("name, merged_matches", [("qwen-image", 18), ("flux2", 17)])  # FLUX.2: 2 as bmm
 def test_tiny_dits_pass_the_gate_with_merged_siblings_quantized_once(name, merged_matches):
     """fp8=... on "auto": FP8 linears after sibling-merge, the norm fusions kept and made to emit FP8
     (fuse-adaln-quant right after them), the attention-side fusions kept."""

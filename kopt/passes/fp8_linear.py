@@ -1,6 +1,6 @@
 """FP8 linears: ``x @ W.T (+ b)`` with constant ``W`` becomes one FP8 GEMM, ``W`` quantized once.
 
-    y = addmm(b, x, W.T)
+    y = addmm(b, x, W.T)                  (or mm(x, W.T); or bmm(x, W.T.expand(B, K, N)) of a 3-D x, flattened)
   → y = _scaled_mm(quant(x), W8.T, scale_x, scale_W, bias=b, out_dtype=x.dtype)       (tensor, row)
   → y = kopt.fp8_block_mm(quant(x), scale_x, W8, scale_W, b, x.dtype)                 (block granularities)
 
@@ -32,7 +32,14 @@ import torch
 from kopt.fp8 import block_mm
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.fp8.quantize import BLOCK, FP8, FP8_MAX, MIN_AMAX, Operand, block_shape, quantize
-from kopt.fx.constants import add_constant, constant_value, drop_unused_constants, weight_of, weight_paths
+from kopt.fx.constants import (
+    add_constant,
+    constant_value,
+    drop_unused_constants,
+    transposed_constant,
+    weight_of,
+    weight_paths,
+)
 from kopt.fx.graph_utils import meta_value, replace, stamp
 from kopt.passes.base import PassContext
 from kopt.passes.fp8_pass import Fp8Pass
@@ -43,13 +50,23 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _activation(node: torch.fx.Node) -> torch.fx.Node:
-    return node.args[0] if node.target is aten.mm.default else node.args[1]
+    return node.args[1] if node.target is aten.addmm.default else node.args[0]
+
+
+def _batched_weight(node: torch.fx.Node) -> torch.fx.Node | None:
+    """``W`` of ``bmm(x, W.T.expand(B, K, N))``: a linear without bias applied to a (B, S, K)
+    activation that its decomposition could not flatten to 2-D (e.g. a slice of a permuted
+    attention output, FLUX.2's output projections)."""
+    operand = node.args[1] if node.target is aten.bmm.default else None
+    if not (isinstance(operand, torch.fx.Node) and operand.target is aten.expand.default):
+        return None
+    return transposed_constant(operand.args[0])
 
 
 def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
     """The constant weight node of a linear ``config`` selects, the reason it is declined, or None
     for GEMMs that are not linears at all (activation × activation products: not candidates)."""
-    weight = weight_of(node)
+    weight = weight_of(node) if node.target is not aten.bmm.default else _batched_weight(node)
     if weight is None:
         return None
     if node.target is aten.addmm.default:
@@ -74,9 +91,9 @@ def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
     block = block_shape(Granularity(config.granularity), Operand.WEIGHT)
     if block and (value.shape[1] % BLOCK or value.shape[0] % BLOCK):
         return f"{tuple(value.shape)} weight: block-scaled GEMMs need both dims divisible by {BLOCK}"
-    if block and value.is_cuda and x.dim() == 2:
-        refused = block_mm.cuda_shape_check(value.device.index or 0, x.shape[0], value.shape[1], value.shape[0],
-                                            block[0])
+    if block and value.is_cuda:
+        refused = block_mm.cuda_shape_check(value.device.index or 0, x.numel() // x.shape[-1], value.shape[1],
+                                            value.shape[0], block[0])
         if refused:
             return refused
     return weight
@@ -167,7 +184,7 @@ class Fp8Linear(Fp8Pass):
         weight_bytes = 0
         fast_accum = self.config.fast_accum and _fast_accum_runs(_device(graph_module), granularity, ctx)
         for node in list(graph.nodes):
-            if node.target not in (aten.mm.default, aten.addmm.default):
+            if node.target not in (aten.mm.default, aten.addmm.default, aten.bmm.default):
                 continue
             found = match(node, self.config)
             if found is None:
@@ -190,7 +207,11 @@ class Fp8Linear(Fp8Pass):
             bias = node.args[0] if node.target is aten.addmm.default else None
             out_dtype = meta_value(node).dtype
             with graph.inserting_before(node):
-                q_x, x_scale = _quantize_activation(graph, _activation(node), granularity)
+                x = _activation(node)
+                batched = meta_value(x).shape if node.target is aten.bmm.default else None
+                if batched is not None:  # (B, S, K) -> (B·S, K): a copy only if the view cannot be flattened
+                    x = graph.call_function(aten.reshape.default, (x, [batched[0] * batched[1], batched[2]]))
+                q_x, x_scale = _quantize_activation(graph, x, granularity)
                 if weight_block is not None:
                     mat2 = q_node
                     gemm = graph.call_function(torch.ops.kopt.fp8_block_mm.default,
@@ -205,6 +226,8 @@ class Fp8Linear(Fp8Pass):
                     gemm = graph.call_function(aten._scaled_mm.default, (q_x, mat2, x_scale, scale_node), kwargs)
                     if bias is not None and epilogue_bias is None:
                         gemm = graph.call_function(aten.add.Tensor, (gemm, bias))
+                if batched is not None:
+                    gemm = graph.call_function(aten.reshape.default, (gemm, [*batched[:2], q_weight.shape[0]]))
             for new in (q_x, x_scale, mat2):
                 stamp(new, pass_name=self.name, rule=RULE)
             replace(node, gemm, pass_name=self.name, rule=RULE)
