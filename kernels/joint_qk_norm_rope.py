@@ -14,12 +14,9 @@ Bytes moved (memory floor): the sum of the segments' qk_norm_rope bytes, ``2 * N
 N = B * S_total * H * D elements (read every x_i once, write the buffer once) plus the tables;
 the unfused path moves another ``2 * N * e`` for the concatenation.
 
-Launch: two segments (a joint attention's text and image streams, the production case) are one
-launch of the qk_norm_rope kernel, which reads each output position's row from its own stream
-(:func:`kopt.kernels.qk_norm_rope.launch_segments`): the text stream alone is too small to fill the
-GPU, and each launch costs a kernel boundary. Otherwise each segment's kernel writes its slice of
-the buffer, ``out[b, off_i : off_i + S_i]`` (contiguous): one launch per segment for B == 1, one per
-segment and batch row for B > 1.
+Launch: the buffer slice of one batch row, ``out[b, off_i : off_i + S_i]``, is contiguous, which
+is what the qk_norm_rope launcher writes; for B == 1 (the production case) that is one launch per
+segment, for B > 1 one per segment and batch row.
 """
 
 from __future__ import annotations
@@ -67,8 +64,7 @@ def reference(xs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor | None]
 def launch(xs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor | None], cos: Sequence[torch.Tensor],
            sin: Sequence[torch.Tensor], eps: Sequence[float], mode: str,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the qk_norm_rope kernel into one buffer: once for two segments, else once per segment (and
-    batch row when B > 1)."""
+    """Run the qk_norm_rope kernel once per segment (and batch row when B > 1) into one buffer."""
     b, s_total, h, d = _check_segments(xs, weights, cos, sin, eps)
     dtype, device = xs[0].dtype, xs[0].device
     if out is None:
@@ -76,8 +72,6 @@ def launch(xs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor | None], c
     elif tuple(out.shape) != (b, s_total, h, d) or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"qk_norm_rope_joint: out must be a contiguous {dtype} tensor of shape "
                          f"{(b, s_total, h, d)}, got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
-    if len(xs) == 2 and (weights[0] is None) == (weights[1] is None):  # the usual text + image: one launch
-        return _single.launch_segments(list(zip(xs, weights, cos, sin, eps, strict=True)), mode, out)
     offset = 0
     for x, w, c, s, e in zip(xs, weights, cos, sin, eps, strict=True):
         length = x.shape[1]

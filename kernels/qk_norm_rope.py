@@ -81,17 +81,6 @@ def reference(
 
 # ----------------------------------------------------------------------------- Triton kernel
 @triton.jit
-def _either(first_ptrs, second_ptrs, mask, second, TWO_SEGMENTS: tl.constexpr):
-    """float32 values from ``first_ptrs`` where not ``second``, from ``second_ptrs`` where it is (each
-    lane loads from one of the two; masked-off lanes, whose addresses may be out of range, from neither)."""
-    if TWO_SEGMENTS:
-        return (tl.load(first_ptrs, mask=mask & (second == 0), other=0.0).to(tl.float32)
-                + tl.load(second_ptrs, mask=mask & second, other=0.0).to(tl.float32))
-    else:
-        return tl.load(first_ptrs, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _qk_norm_rope_kernel(
     x_ptr,
     w_ptr,
@@ -110,29 +99,13 @@ def _qk_norm_rope_kernel(
     stride_sd,
     half,
     eps,
-    x2_ptr,
-    w2_ptr,
-    cos2_ptr,
-    sin2_ptr,
-    S1,
-    stride_x2b,
-    stride_x2s,
-    stride_x2h,
-    stride_c2s,
-    stride_c2d,
-    stride_s2s,
-    stride_s2d,
-    eps2,
     IS_COMPLEX: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
-    TWO_SEGMENTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     begin(PDL)
-    # TWO_SEGMENTS: the output's S positions are two token streams (a joint attention's text then
-    # image): positions < S1 read x, w, cos, sin, eps; the others the "2" set at position s - S1.
     # One program: ROWS_PER_PROGRAM rows (token, head) x D columns. x and out move as contiguous row
     # tiles (vectorised loads/stores); pairs are split in registers: (R, D) -> (R, D/2, 2).
     pid = tl.program_id(0).to(tl.int64)
@@ -147,46 +120,29 @@ def _qk_norm_rope_kernel(
     j = tl.arange(0, BLOCK_HALF)
     pair_mask = row_mask[:, None] & (j < half)[None, :]
 
-    second = s >= S1  # all False unless TWO_SEGMENTS (then S1 < S)
-    s2 = s - S1
     x_row = b * stride_xb + s * stride_xs + h * stride_xh
-    x_row2 = b * stride_x2b + s2 * stride_x2s + h * stride_x2h
-    x = _either(x_ptr + x_row[:, None] + cols[None, :], x2_ptr + x_row2[:, None] + cols[None, :], mask,
-                second[:, None], TWO_SEGMENTS)
+    x = tl.load(x_ptr + x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
     # RMSNorm over D (masked lanes are zero and do not add to the sum).
-    if TWO_SEGMENTS:
-        inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + tl.where(second, eps2, eps))
-    else:
-        inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
     x = x * inv[:, None]
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        if TWO_SEGMENTS:
-            w2 = tl.load(w2_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-            x = x * tl.where(second[:, None], w2[None, :], w[None, :])
-        else:
-            x = x * w[None, :]
+        x = x * w[None, :]
     xe, xo = tl.split(tl.reshape(x, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
 
     if IS_COMPLEX:  # tables (S, D/2), any strides (e.g. the .real / .imag views): one (cos, sin) per pair
-        c = _either(cos_ptr + s[:, None] * stride_cs + j[None, :] * stride_cd,
-                    cos2_ptr + s2[:, None] * stride_c2s + j[None, :] * stride_c2d, pair_mask, second[:, None],
-                    TWO_SEGMENTS)
-        sn = _either(sin_ptr + s[:, None] * stride_ss + j[None, :] * stride_sd,
-                     sin2_ptr + s2[:, None] * stride_s2s + j[None, :] * stride_s2d, pair_mask, second[:, None],
-                     TWO_SEGMENTS)
+        c = tl.load(cos_ptr + s[:, None] * stride_cs + j[None, :] * stride_cd, mask=pair_mask, other=0.0)
+        sn = tl.load(sin_ptr + s[:, None] * stride_ss + j[None, :] * stride_sd, mask=pair_mask, other=0.0)
+        c = c.to(tl.float32)
+        sn = sn.to(tl.float32)
         oe = xe * c - xo * sn
         oo = xe * sn + xo * c
     else:  # tables (S, D): one (cos, sin) per element
-        c = _either(cos_ptr + s[:, None] * stride_cs + cols[None, :] * stride_cd,
-                    cos2_ptr + s2[:, None] * stride_c2s + cols[None, :] * stride_c2d, mask, second[:, None],
-                    TWO_SEGMENTS)
-        sn = _either(sin_ptr + s[:, None] * stride_ss + cols[None, :] * stride_sd,
-                     sin2_ptr + s2[:, None] * stride_s2s + cols[None, :] * stride_s2d, mask, second[:, None],
-                     TWO_SEGMENTS)
-        ce, co = tl.split(tl.reshape(c, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
-        se, so = tl.split(tl.reshape(sn, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
+        c = tl.load(cos_ptr + s[:, None] * stride_cs + cols[None, :] * stride_cd, mask=mask, other=0.0)
+        sn = tl.load(sin_ptr + s[:, None] * stride_ss + cols[None, :] * stride_sd, mask=mask, other=0.0)
+        ce, co = tl.split(tl.reshape(c.to(tl.float32), [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
+        se, so = tl.split(tl.reshape(sn.to(tl.float32), [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
         oe = xe * ce - xo * se
         oo = xo * co + xe * so
 
@@ -244,21 +200,34 @@ def _check_table(t: torch.Tensor, name: str, S: int, width: int, device: torch.d
         raise ValueError(f"{name} is on {t.device}, x is on {device}")
 
 
-def _checked_segment(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                     mode: str) -> torch.Tensor | None:
-    """Validate one token stream's inputs (as :func:`launch` documents them); its weight, contiguous."""
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    mode: str,
+    out: torch.Tensor | None = None,
+    *,
+    config: Config | None = None,
+) -> torch.Tensor:
+    """Run the Triton kernel. x (B, S, H, D) with unit stride on D (other strides free);
+    cos/sin float32 (S, D/2) for mode="complex" or (S, D) for mode="real", any strides.
+    Returns a contiguous (B, S, H, D) tensor of x.dtype (written into ``out`` when given).
+    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if x.dim() != 4:
         raise ValueError(f"x must be (B, S, H, D), got shape {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
         raise ValueError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
-    _, S, _, D = x.shape
+    B, S, H, D = x.shape
     if D % 2:
         raise ValueError(f"head dim D must be even for RoPE pairs, got {D}")
     if x.stride(3) != 1:
         raise ValueError(f"x must have unit stride on D, got strides {x.stride()}")
-    width = D // 2 if mode == "complex" else D
+    half = D // 2
+    width = half if mode == "complex" else D
     _check_table(cos, "cos", S, width, x.device)
     _check_table(sin, "sin", S, width, x.device)
     if weight is not None:
@@ -267,32 +236,6 @@ def _checked_segment(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Te
         if weight.device != x.device:
             raise ValueError(f"weight is on {weight.device}, x is on {x.device}")
         weight = weight.contiguous()
-    return weight
-
-
-Segment = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor, float]  # x, weight, cos, sin, eps
-
-
-def launch_segments(segments: list[Segment], mode: str, out: torch.Tensor | None = None, *,
-                    config: Config | None = None) -> torch.Tensor:
-    """One launch over one or two token streams (x_i (B, S_i, H, D), weight_i, cos_i, sin_i, eps_i),
-    written one after the other along S into a contiguous (B, S_1 + S_2, H, D) tensor (``out`` when
-    given): a joint attention's text and image Q (or K) in one kernel. Both streams must agree on
-    B, H, D, dtype and on having a weight. ``config`` forces a launch config (one of ``candidates``)."""
-    if not 1 <= len(segments) <= 2:
-        raise ValueError(f"qk_norm_rope: one or two segments per launch, got {len(segments)}")
-    weights = [_checked_segment(x, w, c, sn, mode) for x, w, c, sn, _ in segments]
-    x, _, cos, sin, eps = segments[0]
-    x2, _, cos2, sin2, eps2 = segments[-1]
-    weight, weight2 = weights[0], weights[-1]
-    same = (x2.shape[0], x2.shape[2], x2.shape[3], x2.dtype, x2.device) == (x.shape[0], x.shape[2], x.shape[3],
-                                                                            x.dtype, x.device)
-    if not same or (weight is None) != (weight2 is None):
-        raise ValueError(f"qk_norm_rope: segments {tuple(x.shape)} {x.dtype} and {tuple(x2.shape)} {x2.dtype} must "
-                         f"agree on B, H, D, dtype, device and on having a weight")
-    B, S1, H, D = x.shape
-    S = S1 + (x2.shape[1] if len(segments) == 2 else 0)
-    half = D // 2
     if out is None:
         out = torch.empty((B, S, H, D), dtype=x.dtype, device=x.device)
     elif tuple(out.shape) != (B, S, H, D) or out.dtype != x.dtype or not out.is_contiguous():
@@ -324,22 +267,8 @@ def launch_segments(segments: list[Segment], mode: str, out: torch.Tensor | None
             sin.stride(1),
             half,
             float(eps),
-            x2,
-            weight2 if weight2 is not None else x2,
-            cos2,
-            sin2,
-            S1 if len(segments) == 2 else S,
-            x2.stride(0),
-            x2.stride(1),
-            x2.stride(2),
-            cos2.stride(0),
-            cos2.stride(1),
-            sin2.stride(0),
-            sin2.stride(1),
-            float(eps2),
             IS_COMPLEX=mode == "complex",
             HAS_WEIGHT=weight is not None,
-            TWO_SEGMENTS=len(segments) == 2,
             **cfg, **launch_options(x.device)
         )
 
@@ -349,29 +278,10 @@ def launch_segments(segments: list[Segment], mode: str, out: torch.Tensor | None
 
     if config is None:
         rows = pow2_bucket(n_rows)
-        key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weight is not None,
-                        segments=len(segments))
+        key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weight is not None)
         config = _autotune.choose("qk_norm_rope", key, candidates(half, rows), on_scratch, x.device)
     run(config, out)
     return out
-
-
-def launch(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    eps: float,
-    mode: str,
-    out: torch.Tensor | None = None,
-    *,
-    config: Config | None = None,
-) -> torch.Tensor:
-    """Run the Triton kernel. x (B, S, H, D) with unit stride on D (other strides free);
-    cos/sin float32 (S, D/2) for mode="complex" or (S, D) for mode="real", any strides.
-    Returns a contiguous (B, S, H, D) tensor of x.dtype (written into ``out`` when given).
-    ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
-    return launch_segments([(x, weight, cos, sin, eps)], mode, out, config=config)
 
 
 # ----------------------------------------------------------------------------- custom op

@@ -36,23 +36,6 @@ def test_launcher_matches_the_concatenated_references(b, mode):
     assert rel_err(out, mod.reference(xs, weights, cos, sin, eps, mode)) < 1e-5
 
 
-@pytest.mark.parametrize("b", [1, 2])
-@pytest.mark.parametrize("mode", ["complex", "real"])
-@pytest.mark.parametrize("weighted", [True, False])
-def test_two_streams_are_one_launch_matching_the_references(b, mode, weighted, monkeypatch):
-    """Text + image (the production case): one kernel reads each position from its stream, with the
-    stream's own weight, eps and RoPE table; the streams are strided views, as the model passes them."""
-    xs, weights, cos, sin, eps = _streams(b, [5, 11], 3, 8, torch.float32, mode, seed=20 + b + weighted)
-    weights = [(torch.randn(8) * 0.2 + 1) if weighted else None for _ in xs]
-    xs = [torch.cat([x, x], dim=-1)[..., :8] for x in xs]  # row stride 2·D: not contiguous
-    launches = []
-    launch_segments = mod._single.launch_segments
-    monkeypatch.setattr(mod._single, "launch_segments", lambda *a, **k: launches.append(1) or launch_segments(*a, **k))
-    out = mod.launch(xs, weights, cos, sin, eps, mode)
-    assert len(launches) == 1
-    assert rel_err(out, mod.reference(xs, weights, cos, sin, eps, mode)) < 1e-5
-
-
 def test_bf16_stream_within_one_rounding():
     xs, weights, cos, sin, eps = _streams(1, [4, 6], 2, 16, torch.bfloat16, "real", seed=3)
     got = mod.launch(xs, weights, cos, sin, eps, "real")
@@ -86,12 +69,3 @@ def test_gpu_production_shape(lengths, h, mode):
     xs, weights, cos, sin, eps = _streams(1, lengths, h, 128, torch.bfloat16, mode, seed=6, device="cuda")
     ref = mod.reference(xs, weights, cos, sin, eps, mode)
     assert rel_err(torch.ops.kopt.qk_norm_rope_joint(xs, weights, cos, sin, eps, mode), ref) < 1e-2
-
-
-def test_one_launch_refuses_streams_that_disagree():
-    xs, weights, cos, sin, eps = _streams(1, [3, 5], 2, 8, torch.float32, "complex", seed=6)  # weight, None
-    segments = list(zip(xs, weights, cos, sin, eps))
-    with pytest.raises(ValueError, match="agree on B, H, D, dtype, device and on having a weight"):
-        mod._single.launch_segments(segments, "complex")
-    with pytest.raises(ValueError, match="one or two segments"):
-        mod._single.launch_segments(segments * 2, "complex")
