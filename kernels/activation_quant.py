@@ -52,7 +52,7 @@ from kopt.kernels._fastmath import exp2, fast_math, reciprocal, round_to
 from kopt.kernels._pdl import begin, launch_options
 from kopt.kernels._rows import fp8_scale, fp8_values
 
-__all__ = ["ACTIVATIONS", "activation_quant", "candidates", "launch", "reference"]
+__all__ = ["ACTIVATIONS", "activation_quant", "candidates", "launch", "offered", "reference"]
 ACTIVATIONS = ("swiglu", "gelu_tanh")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -280,6 +280,13 @@ def _candidates(width: int) -> tuple[Config, ...]:
     return plain + prefetching + in_registers
 
 
+def offered(f: int, p: int = 0) -> list[Config]:
+    """The candidates the launcher tunes for an activation of ``f`` columns behind a ``p``-column
+    prefix: ``candidates(p + f)`` less the ``IN_REGISTERS`` configs that would not split the
+    activation into 2..5 chunks."""
+    return [c for c in candidates(p + f) if not c.get("IN_REGISTERS") or 2 <= _chunks(c, f) <= _MAX_CHUNKS]
+
+
 def _chunks(cfg: Config, f: int) -> int:
     """How many BLOCK-wide register chunks an ``IN_REGISTERS`` config splits an activation row of ``f`` into."""
     return math.ceil(f / cfg["BLOCK"])
@@ -361,8 +368,7 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
 
     if config is None:
         key = shape_key(rows=pow2_bucket(m), prefix=p, width=f, act=act, dtype=h.dtype)
-        fitting = [c for c in candidates(p + f) if not c.get("IN_REGISTERS") or 2 <= _chunks(c, f) <= _MAX_CHUNKS]
-        config = _autotune.choose("activation_quant", key, fitting, on_scratch, h.device)
+        config = _autotune.choose("activation_quant", key, offered(f, p), on_scratch, h.device)
     run(config, q, scale)
     return q, scale
 

@@ -88,7 +88,7 @@ def test_gpu_every_candidate_at_production_widths(act, f, p):
     otherwise only be skipped by the autotuner)."""
     h, prefix = _inputs((1, 1000), f, p, torch.bfloat16, seed=8, device="cuda", act=act)
     q_ref, scale_ref = mod.reference(h, prefix, act)
-    for config in mod.candidates(f + (p or 0)):
+    for config in mod.offered(f, p or 0):  # what the launcher tunes (IN_REGISTERS only where the row splits)
         q, scale = mod.launch(h, prefix, act, config=config)
         torch.testing.assert_close(scale, scale_ref, rtol=2**-6, atol=0, msg=lambda m, c=config: f"{c}: {m}")
         deq, deq_ref = _dequantized(q, scale), _dequantized(q_ref, scale_ref)
@@ -110,8 +110,9 @@ def test_gpu_qwen_image_gelu_shape():
 def test_register_chunk_configs_split_the_row_into_two_to_five_chunks():
     """IN_REGISTERS holds the row as 2..5 BLOCK-wide chunks: 12288 = 3 x 4096 (Qwen-Image) is offered,
     a config that would need one chunk or more than five is refused clearly when forced."""
-    offered = [c for c in mod.candidates(12288) if c.get("IN_REGISTERS")]
+    offered = [c for c in mod.offered(12288) if c.get("IN_REGISTERS")]
     assert {"BLOCK": 4096, "num_warps": 16, "IN_REGISTERS": 1} in offered
+    assert all(2 <= -(-12288 // c["BLOCK"]) <= 5 for c in offered)
     h, _ = _inputs((3,), 100, None, torch.float32, seed=9, act="gelu_tanh")
     with pytest.raises(ValueError, match="chunks, not 2..5"):
         mod.launch(h, None, "gelu_tanh", config={"BLOCK": 2048, "num_warps": 8, "IN_REGISTERS": 1})
