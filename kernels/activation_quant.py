@@ -161,15 +161,16 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
 @triton.jit
 def _load_row(prefix_ptr, h_ptr, row, M, P, F, stride_p, stride_h, cols, prefix_cols,
               HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr):
-    """One row's raw inputs (x, the SwiGLU up half u, the prefix); zeros past the last row."""
-    live = row < M
-    x = tl.load(h_ptr + row * stride_h + cols, mask=(cols < F) & live, other=0.0)
+    """One row's raw inputs (x, the SwiGLU up half u, the prefix); zeros past the last row. (The row
+    test is made per column: Triton 3.9's interpreter rejects a mask that ANDs a vector with a scalar.)"""
+    x = tl.load(h_ptr + row * stride_h + cols, mask=(cols < F) & (cols * 0 + row < M), other=0.0)
     u = x
     if IS_SWIGLU:
-        u = tl.load(h_ptr + row * stride_h + F + cols, mask=(cols < F) & live, other=0.0)
+        u = tl.load(h_ptr + row * stride_h + F + cols, mask=(cols < F) & (cols * 0 + row < M), other=0.0)
     pre = x
     if HAS_PREFIX:
-        pre = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=(prefix_cols < P) & live, other=0.0)
+        pre = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=(prefix_cols < P) & (prefix_cols * 0 + row < M),
+                      other=0.0)
     return x, u, pre
 
 
@@ -204,9 +205,9 @@ def _activation_quant_prefetch_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, M, P,
         tl.store(scale_ptr + row, scale, mask=live)
         if HAS_PREFIX:
             tl.store(q_ptr + row * stride_q + prefix_cols, fp8_values(pre, scale).to(q_ptr.dtype.element_ty),
-                     mask=(prefix_cols < P) & live)
+                     mask=(prefix_cols < P) & (prefix_cols * 0 + row < M))
         tl.store(q_ptr + row * stride_q + P + cols, fp8_values(y, scale).to(q_ptr.dtype.element_ty),
-                 mask=(cols < F) & live)
+                 mask=(cols < F) & (cols * 0 + row < M))
         row += grid
 
 

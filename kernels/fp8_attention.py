@@ -241,7 +241,7 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
         out_scale = tl.max(tl.max(every_vs, axis=1), axis=0) * 1.0625
         out = fp8_values(out, out_scale)
         tl.store(out_scale_ptr + b * S_q + offs_m, tl.zeros([BLOCK_M], dtype=tl.float32) + out_scale,
-                 mask=(offs_m < S_q) & (h == 0))
+                 mask=(offs_m < S_q) & (offs_m * 0 + h == 0))  # per element: Triton 3.9's interpreter
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=offs_m[:, None] < S_q)
 
