@@ -24,7 +24,9 @@ and V followed by exact float32 attention; the kernel additionally rounds P to F
 
 Measured on the H200 (5bc906f, ``benchmarks/results/attention-s4.md``; the time includes the K/V
 quantization): 618 TFLOP/s at FLUX.2's shape against cuDNN's bf16 590; 499 at Qwen-Image's masked
-shape against 381 (591 against 560 without the mask: the mask's add per logit costs 21 %). In the
+shape against 381 (591 against 560 without the mask: the mask's add per logit costs 21 %). With
+the mask window (the pass proves the mask zero on the image keys) the masked shape runs at 582,
+the unmasked one's speed (f280dce, ``attention-f280dce.md``). In the
 whole models (``dit-full-*-s4*``) that is 30.0 ms per Qwen-Image forward against cuDNN's 36.9, but
 63.4 against 57.9 ms in FLUX.2, whose forward runs at the 700 W power cap (SM clock p50 1515 MHz
 while above 600 W, ``python benchmarks/clocks.py benchmarks/results/smi-s4as4b.csv --gpu 1
