@@ -107,6 +107,21 @@ def _activation(h_ptr, row_start, offs, mask, F, IS_SWIGLU: tl.constexpr, FAST: 
 
 
 @triton.jit
+def _prefix_and_scale(prefix_ptr, scale_ptr, row, stride_p, P, row_max, HAS_PREFIX: tl.constexpr,
+                      PREFIX_BLOCK: tl.constexpr):
+    """(the prefix row in float32, its columns, the row's scale) for a row whose activation's amax is
+    ``row_max``, the prefix read whole; the scale is stored. Without a prefix, placeholders for it."""
+    prefix_cols = tl.arange(0, PREFIX_BLOCK)
+    x = tl.zeros([PREFIX_BLOCK], dtype=tl.float32)
+    if HAS_PREFIX:
+        x = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=prefix_cols < P, other=0.0).to(tl.float32)
+        row_max = tl.maximum(row_max, tl.max(tl.abs(x), axis=0))
+    scale = fp8_scale(row_max)
+    tl.store(scale_ptr + row, scale)
+    return x, prefix_cols, scale
+
+
+@triton.jit
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
                              P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr,
@@ -118,13 +133,8 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
     cols = tl.arange(0, BLOCK)
     if ONE_PASS:  # the activation fits one BLOCK (the prefix one PREFIX_BLOCK): one read, values kept in registers
         y = _activation(h_ptr, row * stride_h, cols, cols < F, F, IS_SWIGLU, FAST)
-        row_max = tl.max(tl.abs(y), axis=0)
-        if HAS_PREFIX:
-            prefix_cols = tl.arange(0, PREFIX_BLOCK)
-            x = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=prefix_cols < P, other=0.0).to(tl.float32)
-            row_max = tl.maximum(row_max, tl.max(tl.abs(x), axis=0))
-        scale = fp8_scale(row_max)
-        tl.store(scale_ptr + row, scale)
+        x, prefix_cols, scale = _prefix_and_scale(prefix_ptr, scale_ptr, row, stride_p, P, tl.max(tl.abs(y), axis=0),
+                                                  HAS_PREFIX, PREFIX_BLOCK)
         if HAS_PREFIX:
             q = fp8_values(x, scale)
             tl.store(q_ptr + row * stride_q + prefix_cols, q.to(q_ptr.dtype.element_ty), mask=prefix_cols < P)
@@ -240,13 +250,8 @@ def _activation_quant_chunks_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, s
     if CHUNKS > 4:
         y4 = _activation(h_ptr, base, 4 * BLOCK + cols, 4 * BLOCK + cols < F, F, IS_SWIGLU, FAST)
         largest = tl.maximum(largest, tl.abs(y4))
-    row_max = tl.max(largest, axis=0)
-    if HAS_PREFIX:
-        prefix_cols = tl.arange(0, PREFIX_BLOCK)
-        x = tl.load(prefix_ptr + row * stride_p + prefix_cols, mask=prefix_cols < P, other=0.0).to(tl.float32)
-        row_max = tl.maximum(row_max, tl.max(tl.abs(x), axis=0))
-    scale = fp8_scale(row_max)
-    tl.store(scale_ptr + row, scale)
+    x, prefix_cols, scale = _prefix_and_scale(prefix_ptr, scale_ptr, row, stride_p, P, tl.max(largest, axis=0),
+                                              HAS_PREFIX, PREFIX_BLOCK)
     if HAS_PREFIX:
         _store_chunk(q_ptr + row * stride_q, x, scale, prefix_cols, P)
     out = q_ptr + row * stride_q + P
