@@ -21,6 +21,19 @@ def is_reshape(node: object) -> bool:
     return isinstance(node, torch.fx.Node) and node.target in RESHAPES
 
 
+def calls(node: object, *targets: object) -> bool:
+    """``node`` is an FX node calling one of ``targets``."""
+    return isinstance(node, torch.fx.Node) and node.target in targets
+
+
+def swaps_dims_1_and_2(node: object) -> bool:
+    """``node`` is ``permute(x, [0, 2, 1, 3])`` or ``transpose(x, 1, 2)`` of a 4-D ``x``: the
+    (B, H, S, D) ↔ (B, S, H, D) move that attention inputs and outputs go through."""
+    if calls(node, torch.ops.aten.permute.default):
+        return list(node.args[1]) == [0, 2, 1, 3]
+    return calls(node, torch.ops.aten.transpose.int) and sorted(d % 4 for d in node.args[1:3]) == [1, 2]
+
+
 def op_name(node: torch.fx.Node) -> str:
     """A short stable name for what a node computes (``aten.mm``, ``getitem``, ``placeholder``)."""
     if node.op != "call_function":

@@ -24,7 +24,7 @@ import torch
 from torch.fx.operator_schemas import normalize_function
 
 from kopt.fp8.config import Fp8Config
-from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.fx.graph_utils import calls, meta_value, replace, stamp, swaps_dims_1_and_2
 from kopt.kernels import fp8_attention as kernel
 from kopt.passes.base import PassContext, accepted_matches
 from kopt.passes.fp8_pass import Fp8Pass
@@ -84,11 +84,10 @@ def value_parts(v: torch.fx.Node, attention: torch.fx.Node) -> tuple[torch.fx.No
     """(head, tail), each (B, S_i, H, D), if the values are ``cat([head, tail], dim=1)`` viewed as
     (B, H, S, D) and read only by ``attention`` (a joint attention's text and image values): the
     kernel then reads both parts and the concatenation copy is never made."""
-    if len(v.users) != 1 or not (v.target is aten.permute.default and list(v.args[1]) == [0, 2, 1, 3]
-                                 or v.target is aten.transpose.int and sorted(d % 4 for d in v.args[1:3]) == [1, 2]):
+    if len(v.users) != 1 or not swaps_dims_1_and_2(v):
         return None
     cat = v.args[0]
-    if not (isinstance(cat, torch.fx.Node) and cat.target is aten.cat.default and len(cat.users) == 1):
+    if not (calls(cat, aten.cat.default) and len(cat.users) == 1):
         return None
     parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
     if len(parts) != 2 or dim % 4 != 1 or any(meta_value(part) is None for part in parts):

@@ -24,7 +24,7 @@ import operator
 import torch
 
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
-from kopt.fx.graph_utils import RESHAPES, meta_value, only_user, stamp
+from kopt.fx.graph_utils import RESHAPES, calls, meta_value, only_user, stamp
 from kopt.kernels import activation_quant as _registers_the_op  # noqa: F401  (torch.ops.kopt.activation_quant)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
@@ -33,31 +33,27 @@ RULES = {"swiglu": "swiglu-quant", "gelu_tanh": "gelu-tanh-quant"}
 _END = 2**62
 
 
-def _is(node: object, target: object) -> bool:
-    return isinstance(node, torch.fx.Node) and node.target is target
-
-
 def row_quantization(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | str:
     """(the bf16 activation, the float32 copy) if ``gemm``'s A operand and scale are fp8-linear's
     row-wise quantization of one activation, else why not."""
     q, scale = gemm.args[0], gemm.args[2]
-    if not (_is(q, aten._to_copy.default) and q.kwargs.get("dtype") == FP8):
+    if not (calls(q, aten._to_copy.default) and q.kwargs.get("dtype") == FP8):
         return "the FP8 GEMM's input is not a cast to float8_e4m3fn"
     clamp = q.args[0]
-    if not (_is(clamp, aten.clamp.default) and list(clamp.args[1:]) == [-FP8_MAX, FP8_MAX]):
+    if not (calls(clamp, aten.clamp.default) and list(clamp.args[1:]) == [-FP8_MAX, FP8_MAX]):
         return "not clamped to ±448 before the cast"
     scaled = clamp.args[0]
-    if not (_is(scaled, aten.div.Tensor) and scaled.args[1] is scale):
+    if not (calls(scaled, aten.div.Tensor) and scaled.args[1] is scale):
         return "not divided by the GEMM's own activation scale"
     xf = scaled.args[0]
-    if not (_is(scale, aten.div.Tensor) and scale.args[1] == FP8_MAX and _is(scale.args[0], aten.clamp_min.default)
+    if not (calls(scale, aten.div.Tensor) and scale.args[1] == FP8_MAX and calls(scale.args[0], aten.clamp_min.default)
             and scale.args[0].args[1] == MIN_AMAX):
         return "the activation scale is not max(amax, 1e-12) / 448"
     amax = scale.args[0].args[0]
-    if not (_is(amax, aten.amax.default) and list(amax.args[1]) == [-1] and amax.args[2] is True
-            and _is(amax.args[0], aten.abs.default) and amax.args[0].args[0] is xf):
+    if not (calls(amax, aten.amax.default) and list(amax.args[1]) == [-1] and amax.args[2] is True
+            and calls(amax.args[0], aten.abs.default) and amax.args[0].args[0] is xf):
         return "the scale is not the per-row amax of |x| (not row-wise granularity)"
-    if not (_is(xf, aten._to_copy.default) and xf.kwargs.get("dtype") == torch.float32):
+    if not (calls(xf, aten._to_copy.default) and xf.kwargs.get("dtype") == torch.float32):
         return "the quantized value is not a float32 copy of the activation"
     if set(xf.users) != {amax.args[0], scaled}:
         return "the float32 activation is read by more than the quantization"
@@ -66,15 +62,15 @@ def row_quantization(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node]
 
 def _swiglu(node: object) -> torch.fx.Node | str:
     """h if ``node`` is ``silu(h[..., :F]) * h[..., F:2F]`` with h's last dim 2F, else why not."""
-    if not _is(node, aten.mul.Tensor):
+    if not calls(node, aten.mul.Tensor):
         return "the activation is not a product (SwiGLU)"
     a, b = node.args[:2]
-    if not _is(a, aten.silu.default):
+    if not calls(a, aten.silu.default):
         a, b = b, a
-    if not _is(a, aten.silu.default):
+    if not calls(a, aten.silu.default):
         return "no silu factor: not SwiGLU"
     gate, up = a.args[0], b
-    if not (_is(gate, aten.slice.Tensor) and _is(up, aten.slice.Tensor) and gate.args[0] is up.args[0]):
+    if not (calls(gate, aten.slice.Tensor) and calls(up, aten.slice.Tensor) and gate.args[0] is up.args[0]):
         return "the SwiGLU halves are not slices of one tensor"
     h = gate.args[0]
     h_val = meta_value(h)
@@ -110,14 +106,14 @@ def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | None, str
     if only_user(source) is None and source is not activation:
         return "the activation before its 2-D view is read elsewhere"
     prefix = None
-    if _is(source, aten.cat.default):
+    if calls(source, aten.cat.default):
         parts, dim = source.args[0], source.args[1] if len(source.args) > 1 else 0
         if len(parts) != 2 or dim not in (-1, meta_value(source).dim() - 1):
             return "a cat of other than [prefix, activation] along the last dim"
         prefix, source = parts
-    if _is(source, aten.mul.Tensor):
+    if calls(source, aten.mul.Tensor):
         act, h = "swiglu", _swiglu(source)
-    elif _is(source, aten.gelu.default):
+    elif calls(source, aten.gelu.default):
         act, h = "gelu_tanh", _gelu_tanh(source)
     else:
         return None

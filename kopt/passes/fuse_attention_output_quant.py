@@ -28,7 +28,7 @@ import torch
 
 from kopt.fp8.config import Fp8Config
 from kopt.fp8.quantize import FP8
-from kopt.fx.graph_utils import RESHAPES, meta_value, stamp
+from kopt.fx.graph_utils import RESHAPES, calls, meta_value, stamp, swaps_dims_1_and_2
 from kopt.kernels import fp8_attention_quant as kernel
 from kopt.passes.base import PassContext, accepted_matches
 from kopt.passes.fp8_pass import Fp8Pass
@@ -39,24 +39,13 @@ RULE = "attention-output-quant"
 _HEAD_MERGE = [0, 2, 1, 3]  # (B, H, S, D) -> (B, S, H, D)
 
 
-def _is(node: object, *targets: object) -> bool:
-    return isinstance(node, torch.fx.Node) and node.target in targets
-
-
-def _merges_heads(node: torch.fx.Node) -> bool:
-    """``node`` is (B, H, S, D) → (B, S, H, D): ``permute(0, 2, 1, 3)`` or ``transpose(1, 2)``."""
-    if _is(node, aten.permute.default):
-        return list(node.args[1]) == _HEAD_MERGE
-    return _is(node, aten.transpose.int) and sorted(d % 4 for d in node.args[1:3]) == [1, 2]
-
-
 def _quantizing_gemm(x: torch.fx.Node) -> torch.fx.Node | str:
     """The FP8 GEMM whose row-quantized A operand is ``x`` (a 2-D view), else why not."""
     if len(x.users) != 1:
         return "a 2-D view of the output is read by more than one quantization"
     (xf,) = x.users
-    gemms = {g for d in xf.users if _is(d, aten.div.Tensor) for c in d.users if _is(c, aten.clamp.default)
-             for cast in c.users for g in cast.users if _is(g, aten._scaled_mm.default)}
+    gemms = {g for d in xf.users if calls(d, aten.div.Tensor) for c in d.users if calls(c, aten.clamp.default)
+             for cast in c.users for g in cast.users if calls(g, aten._scaled_mm.default)}
     if len(gemms) != 1:
         return "the output is read by something other than an FP8 GEMM's row quantization"
     (gemm,) = gemms
@@ -83,10 +72,10 @@ def _sequence_parts(merged: torch.fx.Node, seq: int) -> list[tuple[torch.fx.Node
     split piece along the sequence (then its one reader), or the whole of it; else why not."""
     parts: list[tuple[torch.fx.Node, tuple[int, int]]] = []
     for part in merged.users:
-        if _is(part, aten.slice.Tensor):
+        if calls(part, aten.slice.Tensor):
             rows = _sequence_slice(part, seq)
             pieces = [(part, rows)] if not isinstance(rows, str) else rows
-        elif _is(part, aten.split_with_sizes.default, aten.split.Tensor):
+        elif calls(part, aten.split_with_sizes.default, aten.split.Tensor):
             pieces = _split_pieces(part, seq)
         else:
             parts.append((part, (0, seq)))
@@ -97,7 +86,7 @@ def _sequence_parts(merged: torch.fx.Node, seq: int) -> list[tuple[torch.fx.Node
             if len(piece.users) != 1:
                 return "a piece of the sequence is read more than once"
             reader = next(iter(piece.users))
-            if _is(reader, aten.clone.default) and len(reader.users) == 1:  # made contiguous to be viewed as 2-D
+            if calls(reader, aten.clone.default) and len(reader.users) == 1:  # made contiguous to be viewed as 2-D
                 reader = next(iter(reader.users))
             parts.append((reader, rows))
     return parts
@@ -125,7 +114,7 @@ def match(attention: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple[int, int]
     out = meta_value(attention)
     batch, heads, seq, head_dim = out.shape
     permutes = list(attention.users)
-    if len(permutes) != 1 or not _merges_heads(permutes[0]):
+    if len(permutes) != 1 or not swaps_dims_1_and_2(permutes[0]):
         return "the output is read other than through the head-merging permute"
     readers: list[tuple[torch.fx.Node, tuple[int, int], torch.fx.Node]] = []
     for merged in permutes[0].users:
