@@ -19,11 +19,12 @@ the launch config (BLOCK columns per step, num_warps), which is autotuned per sh
 prefix and the activation each fit one BLOCK (Qwen-Image: F = 12288 with BLOCK = 16384; FLUX.2:
 F = 18432 and P = 6144 with BLOCK = 32768 over 32 warps, the prefix in its own power-of-two block),
 the values stay in registers between the amax and the store: one read of the row. The kernel is
-bound by instruction issue more than by memory (one exp2 and one reciprocal per value; 19 SASS
-instructions per value at Qwen-Image's width), so two more layouts are candidates: a row held as
-2..5 register chunks (``IN_REGISTERS``: 12288 = 3 x 4096 wastes no lanes, where one 16384-wide
-block computes a quarter of its lanes for nothing) and a fixed grid of programs that each prefetch
-their next row (``PREFETCH``: it wins on FLUX.2's 512 text rows, 0.042 against 0.058 ms).
+bound by instruction issue more than by memory (one exp2 and one reciprocal per value; 28.7 SASS
+instructions per value at Qwen-Image's width in one block, ``python benchmarks/sass.py``), so two
+more layouts are candidates: a row held as 2..5 register chunks (``IN_REGISTERS``: 12288 =
+3 x 4096 wastes no lanes, where one 16384-wide block computes a quarter of its lanes for nothing;
+20.3 instructions per value) and a fixed grid of programs that each prefetch their next row
+(``PREFETCH``: it wins on FLUX.2's 512 text rows, 0.042 against 0.058 ms).
 
 Numerics equal the unfused graph's: each activation step is rounded to h.dtype as the bf16 graph
 rounds it (silu, then the product; gelu), then quantized exactly like

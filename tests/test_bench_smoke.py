@@ -230,3 +230,25 @@ def test_clocks_summary_reads_both_nvidia_smi_logs(capsys):
     assert clocks.main([str(results / "smi-s4as4b.csv"), "--gpu", "1", "--busy-watts", "600"]) == 0
     untimed = capsys.readouterr().out
     assert "| row |" not in untimed and "SM clock p10/p50/p90 1425/1515/1680 MHz" in untimed
+
+
+def test_sass_counts_compile_for_sm90_on_the_cpu():
+    """benchmarks/sass.py reproduces the instruction counts the kernel docstrings quote: the PTX forms
+    cost fewer instructions per value than plain Triton math, and register chunks fewer than one block.
+    (A subprocess: the tests run Triton's interpreter, which compiles nothing.)"""
+    import os
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "sass.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         check=True, timeout=600).stdout
+    table = {}
+    for line in out.splitlines()[2:]:
+        layout, math, _, per_value = (cell.strip() for cell in line.strip("|").split("|"))
+        table[(layout, math)] = float(per_value)
+    one_block, chunks = "one 16384-wide block, 32 warps", "3 register chunks of 4096, 16 warps"
+    assert len(table) == 4
+    assert table[(one_block, "PTX forms")] < table[(one_block, "plain Triton")]
+    assert table[(chunks, "PTX forms")] < table[(chunks, "plain Triton")]
+    assert table[(chunks, "PTX forms")] < table[(one_block, "PTX forms")]
