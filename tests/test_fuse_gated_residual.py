@@ -12,7 +12,7 @@ from kopt.passes.manager import run_passes
 from tests.conftest import rel_err
 
 PIPELINE = ["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln", "fuse-gated-residual", "staging"]
-EXPECTED = {"qwen-image": 3, "flux2": 2}  # block boundaries where the next adaLN reads r + gate * y
+EXPECTED = {"qwen-image": 6, "flux2": 2}  # every block boundary where the next adaLN reads r + gate * y
 
 
 def test_fires_on_tiny_dits_and_matches_eager(tiny_dit):
@@ -42,3 +42,27 @@ def test_golden_one_op_feeds_both_readers():
     fresh = [torch.randn_like(a) for a in args]
     for got, want in zip(graph_module(*fresh), _block_boundary(*fresh), strict=True):
         assert rel_err(got, want) < 1e-6
+
+
+def _chain_of_blocks(r, ys, gates, scale, shift):
+    """Four block boundaries in a row, each residual the previous boundary's new residual."""
+    outs = []
+    for i in range(4):
+        r = r + gates[:, i, None] * ys[i]
+        outs.append(torch.nn.functional.layer_norm(r, (r.shape[-1],), eps=1e-6) * (1 + scale[:, None]) + shift[:, None])
+    return r, *outs
+
+
+def test_every_boundary_of_a_chain_fuses():
+    """A rewritten boundary's residual output feeds the next boundary: the fused op's outputs carry
+    shapes, so the next match sees them (it used to miss every other boundary: 2 of 4)."""
+    args = [torch.randn(2, 5, 24), torch.randn(4, 2, 5, 24), torch.randn(2, 4, 24), torch.randn(2, 24),
+            torch.randn(2, 24)]
+    graph_module = trace_function(_chain_of_blocks, *args)
+    records = run_passes(graph_module, [FuseAdaLN(), FuseGatedResidual()], strict=True)
+    assert records[1].matches == {"gated-residual": 4}
+    ops = [n.target for n in graph_module.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.add.Tensor not in ops and torch.ops.kopt.adaln_modulation.default not in ops
+    fresh = [torch.randn_like(a) for a in args]
+    for got, want in zip(graph_module(*fresh), _chain_of_blocks(*fresh), strict=True):
+        assert rel_err(got, want) < 1e-5

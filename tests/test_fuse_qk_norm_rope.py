@@ -77,4 +77,4 @@ def test_all_kernel_fusions_survive_inductor_on_qwen_image():
     report = compiled.kopt_report
     assert report.graphs[0].lowering == "inductor" and report.graphs[0].fallback is None
     assert (report.matches("fuse-adaln"), report.matches("fuse-gated-residual"),
-            report.matches("fuse-qk-norm-rope"), report.matches("fuse-joint-attention-input")) == (8, 3, 8, 4)
+            report.matches("fuse-qk-norm-rope"), report.matches("fuse-joint-attention-input")) == (8, 6, 8, 4)

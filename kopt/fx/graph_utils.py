@@ -76,8 +76,12 @@ def census(graph: torch.fx.Graph) -> dict[str, int]:
 
 
 def replace(node: torch.fx.Node, new: torch.fx.Node, *, pass_name: str, rule: str) -> None:
-    """Replace every use of ``node`` by ``new``, stamping provenance and keeping the old metadata."""
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+    """Replace every use of ``node`` by ``new``, stamping provenance and keeping the old metadata.
+
+    ``new`` stands for the same value, so it inherits ``node``'s FakeTensor (``meta["val"]``) when it
+    has none (a fresh ``getitem`` of a fused op): later matches read shapes from it, and without it a
+    rewrite would hide its outputs from the next rewrite (a chain of blocks fused every other block)."""
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack", "val"):
         if key in node.meta and key not in new.meta:
             new.meta[key] = node.meta[key]
     stamp(new, pass_name=pass_name, rule=rule)
