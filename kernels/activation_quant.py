@@ -230,12 +230,16 @@ def _store_chunk(q_ptr, y, scale, offs, F):
 @triton.jit
 def _activation_quant_chunks_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                                     HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                                    PREFIX_BLOCK: tl.constexpr, CHUNKS: tl.constexpr, FAST: tl.constexpr,
-                                    PDL: tl.constexpr):
+                                    PREFIX_BLOCK: tl.constexpr, CHUNKS: tl.constexpr, P_CHUNKS: tl.constexpr,
+                                    FAST: tl.constexpr, PDL: tl.constexpr):
     begin(PDL)
-    # One read of the row, held in registers as CHUNKS (2..5) blocks of BLOCK columns rather than one
-    # power-of-two block: Qwen-Image's 12288 columns are 3 x 4096, where one 16384-wide block computes
-    # a quarter of its lanes for nothing (this kernel is bound by instruction issue, not memory).
+    # One read of the activation's row, held in registers as CHUNKS (2..5) blocks of BLOCK columns
+    # rather than one power-of-two block: Qwen-Image's 12288 columns are 3 x 4096, where one
+    # 16384-wide block computes a quarter of its lanes for nothing (this kernel is bound by
+    # instruction issue, not memory). The prefix is only copied, not computed: it is read twice, in
+    # BLOCK-wide pieces (its amax, then its values, the second time from L2), rather than held, so
+    # that the registers go to the activation and two programs fit an SM (FLUX.2's single-stream row:
+    # 76 registers a thread with the prefix held, 16 warps, one program per SM).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     base = row * stride_h
@@ -251,10 +255,18 @@ def _activation_quant_chunks_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, s
     if CHUNKS > 4:
         y4 = _activation(h_ptr, base, 4 * BLOCK + cols, 4 * BLOCK + cols < F, F, IS_SWIGLU, FAST)
         largest = tl.maximum(largest, tl.abs(y4))
-    x, prefix_cols, scale = _prefix_and_scale(prefix_ptr, scale_ptr, row, stride_p, P, tl.max(largest, axis=0),
-                                              HAS_PREFIX, PREFIX_BLOCK)
     if HAS_PREFIX:
-        _store_chunk(q_ptr + row * stride_q, x, scale, prefix_cols, P)
+        for chunk in range(0, P_CHUNKS):
+            offs = chunk * BLOCK + cols
+            x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
+            largest = tl.maximum(largest, tl.abs(x))
+    scale = fp8_scale(tl.max(largest, axis=0))
+    tl.store(scale_ptr + row, scale)
+    if HAS_PREFIX:
+        for chunk in range(0, P_CHUNKS):
+            offs = chunk * BLOCK + cols
+            x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
+            _store_chunk(q_ptr + row * stride_q, x, scale, offs, P)
     out = q_ptr + row * stride_q + P
     _store_chunk(out, y0, scale, cols, F)
     _store_chunk(out, y1, scale, BLOCK + cols, F)
@@ -358,7 +370,8 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
             if not 2 <= chunks <= _MAX_CHUNKS:
                 raise ValueError(f"activation_quant: {cfg} splits {f} columns into {chunks} chunks, "
                                  f"not 2..{_MAX_CHUNKS}")
-            _activation_quant_chunks_kernel[(m,)](*args, p, f, *strides, CHUNKS=chunks, **flags)
+            _activation_quant_chunks_kernel[(m,)](*args, p, f, *strides, CHUNKS=chunks, P_CHUNKS=math.ceil(p / block),
+                                                  **flags)
             return
         if cfg.get("PREFETCH"):
             if f > block or p > block:

@@ -120,3 +120,15 @@ def test_register_chunk_configs_split_the_row_into_two_to_five_chunks():
     q, scale = mod.launch(h, prefix, "swiglu", config={"BLOCK": 2048, "num_warps": 8, "IN_REGISTERS": 1})
     q_ref, scale_ref = mod.reference(h, prefix, "swiglu")
     assert_fp8_matches(q, scale, q_ref, scale_ref, exact=False)
+
+
+def test_register_chunks_read_a_prefix_wider_than_a_chunk_in_pieces():
+    """The IN_REGISTERS kernel reads its prefix (only copied, not computed) in BLOCK-wide pieces,
+    twice: a prefix of two pieces, the second partial, as FLUX.2's 6144-column prefix is for
+    4096-column chunks. Its largest value sits in the second piece, so the scale comes from there."""
+    h, prefix = _inputs((2,), 2 * 256 + 9, 256 + 77, torch.bfloat16, seed=11)  # 3 chunks of 256; prefix 2 pieces
+    prefix[:, 256 + 40] = 200.0  # the row's amax (h is ~N(0, 9): its SwiGLU stays below), in the prefix's partial piece
+    q, scale = mod.launch(h, prefix, "swiglu", config={"BLOCK": 256, "num_warps": 2, "IN_REGISTERS": 1})
+    q_ref, scale_ref = mod.reference(h, prefix, "swiglu")
+    assert torch.equal(scale_ref.flatten(), torch.full((2,), 200.0, dtype=torch.float32) / 448)
+    assert_fp8_matches(q, scale, q_ref, scale_ref, exact=False)
