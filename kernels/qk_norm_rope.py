@@ -103,22 +103,28 @@ def _qk_norm_rope_kernel(
     HAS_WEIGHT: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     begin(PDL)
     # One program: ROWS_PER_PROGRAM rows (token, head) x D columns. x and out move as contiguous row
     # tiles (vectorised loads/stores); pairs are split in registers: (R, D) -> (R, D/2, 2).
+    # ONE_TOKEN (ROWS_PER_PROGRAM divides H): rows run head-fastest, so all of a program's rows are
+    # heads of one token and share one row of the RoPE tables: it is loaded once, as [1, ...], and
+    # broadcast, instead of once per head (1 KB of float32 tables per 256-byte bf16 row, FLUX.2's form).
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     row_mask = rows < n_rows
     h = rows % H
     s = (rows // H) % S
+    token = s  # the RoPE table row of each tile row
+    if ONE_TOKEN:
+        token = ((pid * ROWS_PER_PROGRAM) // H) % S + tl.zeros([1], dtype=tl.int64)
     b = rows // (H * S)
     D = 2 * half
     cols = tl.arange(0, 2 * BLOCK_HALF)
     mask = row_mask[:, None] & (cols < D)[None, :]  # D is even: a pair is all in or all out
     j = tl.arange(0, BLOCK_HALF)
-    pair_mask = row_mask[:, None] & (j < half)[None, :]
 
     x_row = b * stride_xb + s * stride_xs + h * stride_xh
     x = tl.load(x_ptr + x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -132,17 +138,19 @@ def _qk_norm_rope_kernel(
     xe, xo = tl.split(tl.reshape(x, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
 
     if IS_COMPLEX:  # tables (S, D/2), any strides (e.g. the .real / .imag views): one (cos, sin) per pair
-        c = tl.load(cos_ptr + s[:, None] * stride_cs + j[None, :] * stride_cd, mask=pair_mask, other=0.0)
-        sn = tl.load(sin_ptr + s[:, None] * stride_ss + j[None, :] * stride_sd, mask=pair_mask, other=0.0)
+        pair_mask = (token[:, None] * 0 + j[None, :]) < half  # [1 or R, BLOCK_HALF]
+        c = tl.load(cos_ptr + token[:, None] * stride_cs + j[None, :] * stride_cd, mask=pair_mask, other=0.0)
+        sn = tl.load(sin_ptr + token[:, None] * stride_ss + j[None, :] * stride_sd, mask=pair_mask, other=0.0)
         c = c.to(tl.float32)
         sn = sn.to(tl.float32)
         oe = xe * c - xo * sn
         oo = xe * sn + xo * c
     else:  # tables (S, D): one (cos, sin) per element
-        c = tl.load(cos_ptr + s[:, None] * stride_cs + cols[None, :] * stride_cd, mask=mask, other=0.0)
-        sn = tl.load(sin_ptr + s[:, None] * stride_ss + cols[None, :] * stride_sd, mask=mask, other=0.0)
-        ce, co = tl.split(tl.reshape(c.to(tl.float32), [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
-        se, so = tl.split(tl.reshape(sn.to(tl.float32), [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
+        table_mask = (token[:, None] * 0 + cols[None, :]) < D
+        c = tl.load(cos_ptr + token[:, None] * stride_cs + cols[None, :] * stride_cd, mask=table_mask, other=0.0)
+        sn = tl.load(sin_ptr + token[:, None] * stride_ss + cols[None, :] * stride_sd, mask=table_mask, other=0.0)
+        ce, co = tl.split(tl.reshape(c.to(tl.float32), [c.shape[0], BLOCK_HALF, 2]))
+        se, so = tl.split(tl.reshape(sn.to(tl.float32), [sn.shape[0], BLOCK_HALF, 2]))
         oe = xe * ce - xo * se
         oo = xo * co + xe * so
 
@@ -269,6 +277,7 @@ def launch(
             float(eps),
             IS_COMPLEX=mode == "complex",
             HAS_WEIGHT=weight is not None,
+            ONE_TOKEN=H % cfg["ROWS_PER_PROGRAM"] == 0,
             **cfg, **launch_options(x.device)
         )
 

@@ -58,6 +58,22 @@ def test_launch_matches_reference(b, s, h, d, dtype, mode):
 
 
 @pytest.mark.parametrize("mode", ["complex", "real"])
+def test_every_candidate_with_and_without_one_token_per_program(mode):
+    """H = 6 heads: programs of 2 rows hold one token's heads and load its RoPE row once
+    (ONE_TOKEN); programs of 4 or more rows straddle tokens and load a table row per head. Every
+    candidate, both ways, on a batch of 2 (the token index wraps at S) with a partial last program."""
+    b, s, h, d = 2, 5, 6, 128
+    x, weight, cos, sin = _inputs(b, s, h, d, torch.float32, mode, _seed("one-token", mode))
+    ref = mod.reference(x, weight, cos, sin, EPS, mode)
+    configs = mod.candidates(d // 2, b * s * h)
+    shared = {c["ROWS_PER_PROGRAM"] for c in configs if h % c["ROWS_PER_PROGRAM"] == 0}
+    assert 2 in shared and any(h % c["ROWS_PER_PROGRAM"] for c in configs)
+    for config in configs:
+        out = mod.launch(x, weight, cos, sin, EPS, mode, config=config)
+        assert rel_err(out, ref) < TOL[torch.float32], config
+
+
+@pytest.mark.parametrize("mode", ["complex", "real"])
 def test_no_weight_and_strided_q_from_fused_qkv(mode):
     """q as a view into a fused (B, S, 3*H*D) projection: strides are read, nothing is copied."""
     b, s, h, d = 2, 5, 2, 32
