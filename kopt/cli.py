@@ -14,8 +14,8 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     for position, rewrite in enumerate(default_pipeline(), 1):
         print(f"{position}. {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
     print("\nopt-in (name them in passes=[...]; fp8=... adds fp8-linear and, with row scales, the producer "
-          "fusions fuse-activation-quant and fuse-adaln-quant; Fp8Config(attention=True) adds fp8-attention "
-          "and, with row scales, fuse-attention-output-quant):")
+          "fusions fuse-activation-quant and fuse-adaln-quant and fp8-gemv; Fp8Config(attention=True) adds "
+          "fp8-attention and, with row scales, fuse-attention-output-quant):")
     for rewrite in opt_in_passes():
         print(f"- {rewrite.name}  [{rewrite.contract.describe()}]\n   {rewrite.why}")
     return 0

@@ -83,7 +83,8 @@ def test_a_bf16_reader_keeps_the_bf16_output():
 
 def test_pipeline_places_it_after_fp8_attention_with_row_scales_only():
     names = [p.name for p in with_fp8(resolve("auto"), Fp8Config(attention=True))]
-    assert names.index("fp8-attention") + 1 == names.index(NAME) == names.index("staging") - 1
+    assert (names.index("fp8-attention") + 1 == names.index(NAME) == names.index("fp8-gemv") - 1
+            == names.index("staging") - 2)
     block = with_fp8(resolve("auto"), Fp8Config(attention=True, granularity=Granularity.BLOCK_1X128))
     assert NAME not in [p.name for p in block]
     assert NAME not in [p.name for p in with_fp8(resolve("auto"), Fp8Config())]

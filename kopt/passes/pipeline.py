@@ -51,13 +51,14 @@ def opt_in_passes() -> list[Pass]:
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
     from kopt.passes.codegen_fuse import CodegenFuse
     from kopt.passes.fp8_attention import Fp8Attention
+    from kopt.passes.fp8_gemv import Fp8Gemv
     from kopt.passes.fp8_linear import Fp8Linear
     from kopt.passes.fuse_activation_quant import FuseActivationQuant
     from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
     from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
 
     return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
-            FuseAttentionOutputQuant()]
+            FuseAttentionOutputQuant(), Fp8Gemv()]
 
 
 def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> list[Pass]:
@@ -66,7 +67,9 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
     ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
     With row-wise scales ``fuse-activation-quant`` (SwiGLU / GELU-tanh → FP8 in one kernel) follows it.
     ``Fp8Config(attention=True)`` adds ``fp8-attention`` just before ``staging`` (with row scales,
-    followed by ``fuse-attention-output-quant``).
+    followed by ``fuse-attention-output-quant``). With row scales ``fp8-gemv`` runs last before
+    ``staging``: the GEMMs of a few rows (the modulation of a timestep embedding) it may turn into
+    ``kopt::fp8_gemv`` are no longer ``_scaled_mm`` nodes for the fusions before it to read.
 
     When the passes come from ``"auto"`` (``from_auto``; ``kopt.compile`` decides), kopt also picks
     what the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``) become: with row scales
@@ -112,6 +115,12 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
         names = [p.name for p in passes]
         at = names.index("staging") if "staging" in names else len(passes)  # staging names nodes: run before it
         passes = [*passes[:at], *attention, *passes[at:]]
+    names = [p.name for p in passes]
+    if row and "fp8-gemv" not in names:
+        from kopt.passes.fp8_gemv import Fp8Gemv
+
+        at = names.index("staging") if "staging" in names else len(passes)  # after every fusion reading the GEMMs
+        passes = [*passes[:at], Fp8Gemv(), *passes[at:]]
     return passes
 
 
