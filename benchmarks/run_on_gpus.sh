@@ -35,7 +35,9 @@ for job in "$@"; do
     if command -v taskset >/dev/null && [ "$share" -ge 1 ]; then
         pin=(taskset -c "$((i * share))-$((i * share + share - 1))")
     fi
-    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 "${pin[@]}" python3 benchmarks/dit.py --size full --models "$model" \
+    # Inductor's compile worker pool sized to the job's share of cores explicitly (torch versions differ on
+    # whether the default follows the pinning or os.cpu_count())
+    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=$share "${pin[@]}" python3 benchmarks/dit.py --size full --models "$model" \
         --out "$OUT" "${words[@]:1}" > "$OUT/log-$model-$i.txt" 2>&1 &
     pids+=($!)
     echo "job $i (GPU $i, pid ${pids[-1]}): $job"
