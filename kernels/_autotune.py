@@ -157,11 +157,17 @@ class Tuner:
         """The config to launch ``kernel`` with for ``key``; tunes on the first call for a new key.
 
         ``candidates[0]`` is the heuristic default. ``make_runner()`` is called only when tuning and
-        returns ``run(config)``, which launches one candidate on scratch outputs."""
+        returns ``run(config)``, which launches one candidate on scratch outputs.
+
+        A choice already made (in this process or in the cache file) is used even where nothing can
+        be timed: a launch recorded into a CUDA graph (capture forbids timing) must get the config
+        its warm-up call tuned, not the default. With nothing to reuse and no way to time, the
+        default is returned and not remembered, so the next call that can time tunes."""
         if not candidates:
             raise ValueError(f"autotune: no candidate configs for {kernel} [{key}]")
-        if not self.enabled() or not self.can_time(device):
-            return self._record(kernel, Choice(dict(candidates[0]), "default", default=config_name(candidates[0])))
+        default = Choice(dict(candidates[0]), "default", default=config_name(candidates[0]))
+        if not self.enabled() or not (self._timer is not None or (device.type == "cuda" and not _interpreting())):
+            return self._record(kernel, default)  # off, or the CPU / interpreter: nothing to tune or look up
         fast = self._chosen.get((kernel, key, str(device)))  # this process already decided: no lookups
         if fast is not None:
             return self._record(kernel, fast)
@@ -173,6 +179,8 @@ class Tuner:
             cached = [c for c in candidates if entry is not None and c == entry["config"]]
             if cached:  # a config that is no longer a candidate (the kernel changed) is tuned again
                 choice = Choice(cached[0], "cache", dict(entry.get("timings_ms", {})), config_name(candidates[0]))
+            elif not self.can_time(device):  # e.g. capturing a CUDA graph with this shape never run before
+                return self._record(kernel, default)
             else:
                 config, timings = self._tune(kernel, key, candidates, make_runner())
                 self._entries[full_key] = {"config": config, "timings_ms": timings}

@@ -76,3 +76,25 @@ def test_kopt_compile_replays_a_tiny_dit_exactly_like_plain_launches(tiny_dit):
     stats = [g.cuda_graphs for g in graphed.kopt_report.graphs if g.cuda_graphs is not None]
     assert stats and all(s.disabled is None and s.replays >= 1 for s in stats)
     assert "CUDA graphs:" in str(graphed.kopt_report)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_kernel_recorded_into_a_graph_runs_the_config_its_warm_up_tuned(tmp_path, monkeypatch):
+    """The warm-up call tunes (here: a forced non-default winner); the recorded launch must use that
+    choice, although nothing can be timed during capture (it used to fall back to the default)."""
+    from kopt.kernels import _autotune, activation_quant  # noqa: F401  (registers torch.ops.kopt.activation_quant)
+
+    class PreferChunks(_autotune.Tuner):
+        def _tune(self, kernel, key, candidates, run):
+            return next(c for c in candidates if c.get("IN_REGISTERS")), {}
+
+    monkeypatch.setattr(_autotune, "TUNER", PreferChunks(path=tmp_path / "autotune.json", enabled=True))
+    h = torch.randn(64, 12288, device="cuda", dtype=torch.bfloat16)
+    runner = CudaGraphRunner(lambda x: torch.ops.kopt.activation_quant(x, None, "gelu_tanh"))
+    eager = runner(h)  # warm-up: tunes
+    replayed = runner(h)  # recorded, then replayed
+    choice = _autotune.TUNER.last["activation_quant"]
+    assert choice.config.get("IN_REGISTERS") and choice.source == "cache", choice
+    assert runner.stats.recorded == 1
+    assert torch.equal(replayed[0].float(), eager[0].float()) and torch.equal(replayed[1], eager[1])

@@ -151,6 +151,38 @@ def test_no_timing_without_a_gpu(tmp_path):
         tuner.choose("k", "n=8", [], _no_runner, CPU)
 
 
+class CapturingTuner(Tuner):
+    """A tuner whose device can be put "in capture": nothing can be timed, as while recording a CUDA graph."""
+
+    timeable = True
+
+    def can_time(self, device):
+        return self.timeable
+
+
+def test_a_launch_being_captured_gets_the_config_its_warm_up_tuned(tmp_path):
+    """CUDA graphs record the launch of the call after the warm-up: it must get the tuned config,
+    not the default (which every captured kopt kernel got before: a tuned choice was looked up only
+    where timing was possible)."""
+    tuner = CapturingTuner(path=tmp_path / "a.json", timer=FakeTimer([3.0, 1.0, 2.0]), enabled=True)
+    assert tuner.choose("k", "n=8", CANDIDATES, Runner(), CPU) == CANDIDATES[1]  # the warm-up call tunes
+    tuner.timeable = False
+    assert tuner.choose("k", "n=8", CANDIDATES, _no_runner, CPU) == CANDIDATES[1]
+    fresh = CapturingTuner(path=tmp_path / "a.json", timer=FakeTimer([]), enabled=True)  # another process
+    fresh.timeable = False
+    assert fresh.choose("k", "n=8", CANDIDATES, _no_runner, CPU) == CANDIDATES[1]
+    assert fresh.last["k"].source == "cache"
+
+
+def test_nothing_to_reuse_and_no_timing_gives_the_default_without_remembering_it(tmp_path):
+    tuner = CapturingTuner(path=tmp_path / "a.json", timer=FakeTimer([3.0, 1.0, 2.0]), enabled=True)
+    tuner.timeable = False
+    assert tuner.choose("k", "n=8", CANDIDATES, _no_runner, CPU) == CANDIDATES[0]
+    assert tuner.last["k"].source == "default"
+    tuner.timeable = True  # the next call that can time tunes
+    assert tuner.choose("k", "n=8", CANDIDATES, Runner(), CPU) == CANDIDATES[1]
+
+
 def test_key_helpers():
     assert [pow2_bucket(n) for n in (0, 1, 3, 4096, 4097)] == [1, 1, 4, 4096, 8192]
     assert shape_key(n=3072, dtype=torch.bfloat16, rms=True) == "n=3072,dtype=bfloat16,rms=1"
