@@ -123,6 +123,26 @@ def _prefix_and_scale(prefix_ptr, scale_ptr, row, stride_p, P, row_max, HAS_PREF
 
 
 @triton.jit
+def _prefix_amax(prefix_ptr, row_start, cols, P, amax, BLOCK: tl.constexpr, P_CHUNKS: tl.constexpr):
+    """``amax`` (per lane) folded with |prefix| of one row, read in BLOCK-wide pieces."""
+    for chunk in range(0, P_CHUNKS):
+        offs = chunk * BLOCK + cols
+        x = tl.load(prefix_ptr + row_start + offs, mask=offs < P, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    return amax
+
+
+@triton.jit
+def _store_prefix(prefix_ptr, row_start, q_row_ptr, cols, P, scale, BLOCK: tl.constexpr, P_CHUNKS: tl.constexpr):
+    """The prefix of one row read again in BLOCK-wide pieces (from L2: the amax pass just read it) and
+    stored as FP8 with the row's scale."""
+    for chunk in range(0, P_CHUNKS):
+        offs = chunk * BLOCK + cols
+        x = tl.load(prefix_ptr + row_start + offs, mask=offs < P, other=0.0).to(tl.float32)
+        tl.store(q_row_ptr + offs, fp8_values(x, scale).to(q_row_ptr.dtype.element_ty), mask=offs < P)
+
+
+@triton.jit
 def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p, stride_h, stride_q,
                              HAS_PREFIX: tl.constexpr, IS_SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
                              P_CHUNKS: tl.constexpr, F_CHUNKS: tl.constexpr, ONE_PASS: tl.constexpr,
@@ -145,10 +165,7 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         # pass 1: the row's amax
         if HAS_PREFIX:
-            for chunk in range(0, P_CHUNKS):
-                offs = chunk * BLOCK + cols
-                x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(x))
+            amax = _prefix_amax(prefix_ptr, row * stride_p, cols, P, amax, BLOCK, P_CHUNKS)
         for chunk in range(0, F_CHUNKS):
             offs = chunk * BLOCK + cols
             y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU, FAST)
@@ -157,11 +174,7 @@ def _activation_quant_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, stride_p
         tl.store(scale_ptr + row, scale)
         # pass 2: the same values again (this row is still in L2), quantized
         if HAS_PREFIX:
-            for chunk in range(0, P_CHUNKS):
-                offs = chunk * BLOCK + cols
-                x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
-                q = fp8_values(x, scale)
-                tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < P)
+            _store_prefix(prefix_ptr, row * stride_p, q_ptr + row * stride_q, cols, P, scale, BLOCK, P_CHUNKS)
         for chunk in range(0, F_CHUNKS):
             offs = chunk * BLOCK + cols
             y = _activation(h_ptr, row * stride_h, offs, offs < F, F, IS_SWIGLU, FAST)
@@ -256,17 +269,11 @@ def _activation_quant_chunks_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, s
         y4 = _activation(h_ptr, base, 4 * BLOCK + cols, 4 * BLOCK + cols < F, F, IS_SWIGLU, FAST)
         largest = tl.maximum(largest, tl.abs(y4))
     if HAS_PREFIX:
-        for chunk in range(0, P_CHUNKS):
-            offs = chunk * BLOCK + cols
-            x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
-            largest = tl.maximum(largest, tl.abs(x))
+        largest = _prefix_amax(prefix_ptr, row * stride_p, cols, P, largest, BLOCK, P_CHUNKS)
     scale = fp8_scale(tl.max(largest, axis=0))
     tl.store(scale_ptr + row, scale)
     if HAS_PREFIX:
-        for chunk in range(0, P_CHUNKS):
-            offs = chunk * BLOCK + cols
-            x = tl.load(prefix_ptr + row * stride_p + offs, mask=offs < P, other=0.0).to(tl.float32)
-            _store_chunk(q_ptr + row * stride_q, x, scale, offs, P)
+        _store_prefix(prefix_ptr, row * stride_p, q_ptr + row * stride_q, cols, P, scale, BLOCK, P_CHUNKS)
     out = q_ptr + row * stride_q + P
     _store_chunk(out, y0, scale, cols, F)
     _store_chunk(out, y1, scale, BLOCK + cols, F)
