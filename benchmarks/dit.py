@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import datetime
 import itertools
+import logging
 import os
 import shutil
 import sys
@@ -68,6 +69,20 @@ class Log:
     def __call__(self, message: str) -> None:
         clock = datetime.datetime.now().strftime("%H:%M:%S")
         print(f"[{clock} +{self.elapsed():6.1f}s] {message}", flush=True)
+
+    def show_kopt_progress(self) -> None:
+        """kopt's INFO lines (each pass, each lowering stage, each autotuning) in this log's format, so
+        a compile cut off by a time limit shows the step it was in."""
+
+        log = self
+
+        class Forward(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                log(f"  kopt: {record.getMessage()}")
+
+        logger = logging.getLogger("kopt")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(Forward())
 
 
 @dataclasses.dataclass
@@ -344,6 +359,7 @@ def run_model(run: Run, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = Log()
+    log.show_kopt_progress()
     device = torch.device(args.device)
     setup = Setup(size=args.size, device=device, dtype=DTYPES[args.dtype])
     variants = select(args.variants, args.size, args.whole_model)

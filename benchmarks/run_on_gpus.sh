@@ -36,8 +36,11 @@ for job in "$@"; do
         pin=(taskset -c "$((i * share))-$((i * share + share - 1))")
     fi
     # Inductor's compile worker pool sized to the job's share of cores explicitly (torch versions differ on
-    # whether the default follows the pinning or os.cpu_count())
-    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=$share "${pin[@]}" python3 benchmarks/dit.py --size full --models "$model" \
+    # whether the default follows the pinning or os.cpu_count()), and compile caches of its own per job
+    # (Inductor's and Triton's take file locks: two jobs compiling at once must not wait on each other)
+    CUDA_VISIBLE_DEVICES=$i PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=$share \
+        TORCHINDUCTOR_CACHE_DIR="/tmp/inductor-job$i" TRITON_CACHE_DIR="/tmp/triton-job$i" KOPT_CACHE_DIR="/tmp/kopt-job$i" \
+        "${pin[@]}" python3 benchmarks/dit.py --size full --models "$model" \
         --out "$OUT" "${words[@]:1}" > "$OUT/log-$model-$i.txt" 2>&1 &
     pids+=($!)
     echo "job $i (GPU $i, pid ${pids[-1]}): $job"

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +34,8 @@ from typing import Any
 
 import torch
 import triton
+
+log = logging.getLogger("kopt")  # one line per tuning at INFO
 
 __all__ = ["TUNER", "Choice", "Config", "Tuner", "block_candidates", "choose", "config_name", "pow2_bucket",
            "shape_key"]
@@ -198,6 +202,7 @@ class Tuner:
     ) -> tuple[Config, dict[str, float]]:
         timer = self._timer or _do_bench_ms
         timings: dict[str, float] = {}
+        start = time.perf_counter()
         for config in candidates:
             try:
                 ms = float(timer(lambda config=config: run(config)))
@@ -206,6 +211,8 @@ class Tuner:
                 ms = math.inf
             timings[config_name(config)] = ms
         best = min(candidates, key=lambda c: timings[config_name(c)])  # ties: the earlier (default first)
+        log.info("autotune: %s [%s]: %d configs in %.1f s, chose %s", kernel, key, len(candidates),
+                 time.perf_counter() - start, config_name(best))
         return best, timings
 
     # --------------------------------------------------------------------------------- disk cache

@@ -13,6 +13,7 @@ exactly as plain ``torch.compile`` would, with weights as ordinary inputs and no
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,8 @@ from kopt.passes.staging import HOIST_KEY
 from kopt.release import check_not_released, is_released, read_storages, release_unread_weights
 from kopt.report import GraphReport, Report
 from kopt.verify import compare
+
+log = logging.getLogger("kopt")  # progress of long compiles at INFO (benchmarks/dit.py shows it)
 
 
 class WeightsChangedError(RuntimeError):
@@ -71,10 +74,13 @@ class CompiledGraph:
         self.captured: CapturedGraph | None = None
         self._signature: list[tuple[int, int, int]] = []
         start = time.perf_counter()
+        log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
         rewritten = self._capture_and_rewrite(example_inputs, roles)
         self.report.capture_seconds = time.perf_counter() - start
         start = time.perf_counter()
         self.report.lowering = options.lower.value
+        log.info("graph %d: captured and rewritten in %.1f s; lowering with %s", self.report.index,
+                 self.report.capture_seconds, options.lower.value)
         if rewritten is not None and self._verified(example_inputs, rewritten):
             try:
                 self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
@@ -90,6 +96,7 @@ class CompiledGraph:
             if not self.report.fallback:
                 self.report.lowering += " (original graph: no rewrite fired)"
         self.report.compile_seconds = time.perf_counter() - start
+        log.info("graph %d: lowered in %.1f s", self.report.index, self.report.compile_seconds)
         self.generation = self.backend.generation
 
     def _lower_rewritten(self, rewritten: CapturedGraph, user_args: list[Any]) -> Callable[..., Any]:
@@ -106,7 +113,9 @@ class CompiledGraph:
         keys = [user_args[i] for i in split.key_positions]
         with torch.no_grad():
             hoisted = list(split.invariant(*keys))
+        log.info("graph %d: lowering the step-invariant stage", self.report.index)
         invariant = lower(split.invariant, keys, options.lower)
+        log.info("graph %d: lowering the per-call stage", self.report.index)
         main = self._replayed(lower(split.main, user_args + hoisted, options.lower), user_args + hoisted)
         self.report.memo = MemoStats()
         return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)

@@ -74,3 +74,24 @@ def test_fuel_limits_rewrites(tiny_dit, monkeypatch):
     assert merge.total_matches == 0  # no fuel left for it
     with torch.no_grad():
         assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+
+
+def test_progress_is_logged_at_info_for_long_compiles(caplog):
+    """The ``kopt`` logger says which step a compile is in (capture, each pass, each lowering), so a
+    compile stopped by a time limit shows where it was."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x) * 2 + self.proj(x)
+
+    compiled = kopt.compile(Block(), passes=["redundancy"], lower="eager")
+    with caplog.at_level("INFO", logger="kopt"), torch.no_grad():
+        compiled(torch.randn(3, 16))
+    lines = [r.getMessage() for r in caplog.records if r.name == "kopt"]
+    assert any(line.startswith("graph 0: capturing") for line in lines), lines
+    assert any(line.startswith("graph 0: redundancy applied (") for line in lines), lines
+    assert any(line.startswith("graph 0: lowered in") for line in lines), lines

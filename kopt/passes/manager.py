@@ -9,6 +9,7 @@ the next pass sees correct shapes on every node.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import torch
 from kopt.fx.graph_utils import census, missing_meta, refresh_meta
 from kopt.passes.base import Fuel, Pass, PassContext
 from kopt.report import PassRecord
+
+log = logging.getLogger("kopt")  # one line per pass at INFO
 
 
 class PassFailed(RuntimeError):
@@ -73,6 +76,8 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
             ctx.matches.clear()
             ctx.notes.clear()
         seconds = time.perf_counter() - start
+        log.info("graph %d: %s %s (%d matches) in %.1f s", graph_index, rewrite.name, status, ctx.total_matches,
+                 seconds)
         _dump(trace_dir, graph_index, stem + "_after", graph_module)
         record = PassRecord(rewrite.name, rewrite.why, rewrite.contract.describe(), status,
                             dict(ctx.matches), list(ctx.near_misses), before,
