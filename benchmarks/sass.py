@@ -59,7 +59,8 @@ def rows() -> list[tuple[str, str, int, int]]:
                 {"HAS_PREFIX": False, "IS_SWIGLU": False, "BLOCK": 16384, "P_CHUNKS": 0, "F_CHUNKS": 1,
                  "ONE_PASS": True, "PREFIX_BLOCK": 1}, 32),
                ("3 register chunks of 4096, 16 warps", activation_quant._activation_quant_chunks_kernel,
-                {"HAS_PREFIX": False, "IS_SWIGLU": False, "BLOCK": 4096, "PREFIX_BLOCK": 1, "CHUNKS": 3}, 16))
+                {"HAS_PREFIX": False, "IS_SWIGLU": False, "BLOCK": 4096, "PREFIX_BLOCK": 1, "CHUNKS": 3,
+                 "P_CHUNKS": 0}, 16))
     for layout, kernel, constants, warps in layouts:
         per_thread = columns / (32 * warps)
         for fast in (False, True):
