@@ -5,14 +5,13 @@
   → y = kopt.fp8_gemv(q_x, scale_x, W8, scale_W, b, d, fast_accum)
 
 Such a GEMM is a read of the weight (Qwen-Image's merged modulation weight: 6.8 GB against 6
-MFLOP, once per timestep value); cuBLAS computes a tile of at least 64 rows for it and read that
-weight at 2.9 TB/s. The op tunes its kernel against cuBLAS on the first call of each shape and
-keeps whichever is faster on the device, so the rewrite never runs slower than the original.
-Valid because both compute the same row-scaled product of the same FP8 values with float32
-accumulation (cuBLAS's fast accumulation keeps shorter partial sums, so the kernel's result is the
-closer one to exact): contract ``tolerance``. Runs after ``fp8-linear`` and the fusions that read
-its quantize nodes, before ``staging`` (which then hoists the op with the rest of the
-step-invariant work).
+MFLOP, once per timestep value), which cuBLAS read at 2.9 TB/s. The op tunes its kernel against
+cuBLAS on the first call of each shape and keeps whichever is faster on the device, so the rewrite
+never runs slower than the original. Valid because both compute the same row-scaled product of the
+same FP8 values with float32 accumulation (cuBLAS's fast accumulation keeps shorter partial sums,
+so the kernel's result is the closer one to exact): contract ``tolerance``. Runs after
+``fp8-linear`` and the fusions that read its quantize nodes, before ``staging`` (which then hoists
+the op with the rest of the step-invariant work).
 """
 
 from __future__ import annotations
