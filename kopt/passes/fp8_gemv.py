@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from kopt.fp8.quantize import FP8
+from kopt.fx.constants import transposed_constant
 from kopt.fx.graph_utils import meta_value, replace, stamp
 from kopt.kernels import fp8_gemv as _gemv_op
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
@@ -39,9 +40,9 @@ def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
         return None
     if set(gemm.kwargs) - {"bias", "out_dtype", "use_fast_accum"} or len(gemm.args) > 4:
         return "the GEMM has arguments beyond the bias, output dtype and fast accumulation"
-    if not (isinstance(mat2, torch.fx.Node) and mat2.target is aten.t.default and mat2.args[0].op == "get_attr"):
+    weight = transposed_constant(mat2)
+    if weight is None:
         return "the weight operand is not the transpose of a constant"
-    weight = mat2.args[0]
     w, xs, ws = (meta_value(n) for n in (weight, x_scale, w_scale))
     if w is None or xs is None or ws is None or w.dtype != FP8 or x.dtype != FP8:
         return "not an FP8 x FP8 GEMM"
