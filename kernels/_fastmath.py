@@ -34,11 +34,16 @@ def fast_math(device: torch.device) -> bool:
 
 
 @triton.jit
+def _ptx_f32(x, ASM: tl.constexpr):
+    """One float32 PTX instruction ``ASM`` (``$0`` the result, ``$1`` the operand) per value."""
+    return tl.inline_asm_elementwise(ASM, "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def exp2(x, FAST: tl.constexpr):
     """2^x in float32 (results below 2⁻¹²⁶ flush to zero when ``FAST``)."""
     if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _ptx_f32(x, "ex2.approx.ftz.f32 $0, $1;")
     else:
         return tl.exp2(x)
 
@@ -47,8 +52,7 @@ def exp2(x, FAST: tl.constexpr):
 def reciprocal(x, FAST: tl.constexpr):
     """1 / x in float32 (subnormal inputs and results flush to zero when ``FAST``)."""
     if FAST:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return _ptx_f32(x, "rcp.approx.ftz.f32 $0, $1;")
     else:
         return 1.0 / x
 
