@@ -10,6 +10,7 @@ import kopt
 from kopt.config import CompileOptions, Lowering
 from kopt.cuda_graphs import CudaGraphRunner
 from tests.conftest import rel_err
+from tests.kernels.fp8_checks import assert_fp8_matches
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -83,7 +84,7 @@ def test_kopt_compile_replays_a_tiny_dit_exactly_like_plain_launches(tiny_dit):
 def test_a_kernel_recorded_into_a_graph_runs_the_config_its_warm_up_tuned(tmp_path, monkeypatch):
     """The warm-up call tunes (here: a forced non-default winner); the recorded launch must use that
     choice, although nothing can be timed during capture (it used to fall back to the default)."""
-    from kopt.kernels import _autotune, activation_quant  # noqa: F401  (registers torch.ops.kopt.activation_quant)
+    from kopt.kernels import _autotune, activation_quant
 
     class PreferChunks(_autotune.Tuner):
         def _tune(self, kernel, key, candidates, run):
@@ -98,3 +99,5 @@ def test_a_kernel_recorded_into_a_graph_runs_the_config_its_warm_up_tuned(tmp_pa
     assert choice.config.get("IN_REGISTERS") and choice.source == "cache", choice
     assert runner.stats.recorded == 1
     assert torch.equal(replayed[0].float(), eager[0].float()) and torch.equal(replayed[1], eager[1])
+    q_ref, scale_ref = activation_quant.reference(h, None, "gelu_tanh")  # and both are the op's value
+    assert_fp8_matches(replayed[0], replayed[1], q_ref, scale_ref, exact=False)
