@@ -251,8 +251,8 @@ def _activation_quant_chunks_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, s
     # 16384-wide block computes a quarter of its lanes for nothing (this kernel is bound by
     # instruction issue, not memory). The prefix is only copied, not computed: it is read twice, in
     # BLOCK-wide pieces (its amax, then its values, the second time from L2), rather than held, so
-    # that the registers go to the activation and two programs fit an SM (FLUX.2's single-stream row:
-    # 76 registers a thread with the prefix held, 16 warps, one program per SM).
+    # that the registers go to the activation and two programs fit an SM (FLUX.2's single-stream row
+    # at 16 warps: 62 registers a thread, ``python benchmarks/sass.py``).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     base = row * stride_h

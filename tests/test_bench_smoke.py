@@ -233,8 +233,9 @@ def test_clocks_summary_reads_both_nvidia_smi_logs(capsys):
 
 
 def test_sass_counts_compile_for_sm90_on_the_cpu():
-    """benchmarks/sass.py reproduces the instruction counts the kernel docstrings quote: the PTX forms
-    cost fewer instructions per value than plain Triton math, and register chunks fewer than one block.
+    """benchmarks/sass.py reproduces the counts the kernel docstrings quote: the PTX forms cost fewer
+    instructions per value than plain Triton math, and register chunks fewer than one block; the
+    register-chunk kernel fits two programs per SM; qk_norm_rope's one-token programs load less.
     (A subprocess: the tests run Triton's interpreter, which compiles nothing.)"""
     import os
 
@@ -243,12 +244,35 @@ def test_sass_counts_compile_for_sm90_on_the_cpu():
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "sass.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                          check=True, timeout=600).stdout
+    per_value_table, resource_table = out.split("\n\n")
     table = {}
-    for line in out.splitlines()[2:]:
+    for line in per_value_table.splitlines()[2:]:
         layout, math, _, per_value = (cell.strip() for cell in line.strip("|").split("|"))
         table[(layout, math)] = float(per_value)
+    resources = {}
+    for line in resource_table.strip().splitlines()[2:]:
+        label, _, _, per_sm, loads = (cell.strip() for cell in line.strip("|").split("|"))
+        resources[label] = (int(per_sm), int(loads))
+    # the prefix read in pieces leaves room for two programs per SM; a token's RoPE row is loaded once
+    assert resources["activation_quant, 5 register chunks of 4096 + 6144 prefix"][0] >= 2
+    for mode in ("real", "complex"):
+        per_head = resources[f"qk_norm_rope {mode}, 8 rows, table per head"][1]
+        once = resources[f"qk_norm_rope {mode}, 8 rows, table once per token"][1]
+        assert 0 < once < per_head
     one_block, chunks = "one 16384-wide block, 32 warps", "3 register chunks of 4096, 16 warps"
     assert len(table) == 4
     assert table[(one_block, "PTX forms")] < table[(one_block, "plain Triton")]
     assert table[(chunks, "PTX forms")] < table[(chunks, "plain Triton")]
     assert table[(chunks, "PTX forms")] < table[(one_block, "PTX forms")]
+
+
+def test_compile_time_reports_each_pass(capsys):
+    """benchmarks/compile_time.py times kopt.compile of a deep, tiny-width Qwen-Image per pass."""
+    from benchmarks import compile_time
+
+    assert compile_time.main(["--blocks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen-image, 2 blocks of tiny width, lower=eager: first call" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert "| applied | 6 |" in rows["fuse-gated-residual"]  # every block boundary of the two blocks
+    assert "| applied |" in rows["staging"] and "(all passes)" in rows
