@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import faulthandler
 import itertools
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -358,6 +360,8 @@ def run_model(run: Run, name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints every thread's stack and carries on: where a call is
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = Log()
     log.show_kopt_progress()
     device = torch.device(args.device)
