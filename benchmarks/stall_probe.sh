@@ -11,9 +11,10 @@
 set -u
 root=$1; first=${2:-150}; interval=${3:-60}
 spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+alive() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [ -n "$s" ] && [ "${s:0:1}" != Z ]; }  # a zombie has exited
 descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
 sleep "$first"
-while kill -0 "$root" 2>/dev/null; do
+while alive "$root"; do
     echo "=== $(date +%T) ==="
     free -m | sed -n 2p
     pids=$(echo "$root" $(descendants "$root"))  # one line, single spaces

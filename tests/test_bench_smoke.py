@@ -276,3 +276,24 @@ def test_compile_time_reports_each_pass(capsys):
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert "| applied | 6 |" in rows["fuse-gated-residual"]  # every block boundary of the two blocks
     assert "| applied |" in rows["staging"] and "(all passes)" in rows
+
+
+def test_stall_probe_reports_state_and_makes_the_process_print_its_stack(tmp_path):
+    """benchmarks/stall_probe.sh samples a running process until it exits: its state and wait channel
+    (ps), and a SIGUSR1 that a process with faulthandler registered (as dit.py has) answers with its stack."""
+    child = tmp_path / "child.py"
+    child.write_text("import faulthandler, signal, sys, time\n"
+                     "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+                     "print('ready', flush=True)\n"
+                     "def waiting_in_a_named_function():\n    time.sleep(3)\n"
+                     "waiting_in_a_named_function()\n")
+    stderr = tmp_path / "child.err"
+    with stderr.open("w") as err:
+        process = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=err, text=True)
+        assert process.stdout.readline().strip() == "ready"
+        probe = subprocess.run(["bash", str(REPO / "benchmarks" / "stall_probe.sh"), str(process.pid), "0", "1"],
+                               capture_output=True, text=True, timeout=60)
+        assert process.wait(timeout=30) == 0  # the signal printed a stack, it did not end the process
+    assert probe.returncode == 0, probe.stderr
+    assert "=== " in probe.stdout and "STAT" in probe.stdout and str(process.pid) in probe.stdout
+    assert "waiting_in_a_named_function" in stderr.read_text()
