@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -16,4 +19,72 @@ def lower(graph_module: torch.fx.GraphModule, example_inputs: list[object],
         return graph_module
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(graph_module, example_inputs)
+    with shallow_operator_messages():
+        return compile_fx(graph_module, example_inputs)
+
+
+_patch_lock = threading.Lock()
+_patch_depth = 0  # compiles inside the patch (threads, nesting): the last one out restores torch's own
+_torch_operator_str: Any = None
+
+
+@contextlib.contextmanager
+def shallow_operator_messages() -> Iterator[None]:
+    """Inductor's messages about an operator name each argument's buffer instead of printing its history.
+
+    Why: Inductor lowers an op without a lowering of its own (every ``kopt::`` op) through an "implicit
+    fallback", logged once per op type with ``OperatorIssue.operator_str``, which prints each argument
+    IR node; an extern kernel's text contains its inputs' text, recursively. torch 2.11 formats that
+    message whether or not INFO is on (later versions format it lazily). kopt's fusions chain extern
+    kernels through every block, and a graph reaches each shared value by several paths, so the text of
+    an op type first seen after the last block grows exponentially with depth: Qwen-Image's final norm
+    (the only non-quantizing ``adaln_modulation``, after 60 blocks of fused kernels) held its lowering
+    for over 400 s on the H200 (``benchmarks/results/NOTES.md``, session 7). Naming each buffer keeps
+    the message's content for a reader (op, arguments' names and sizes) at a constant cost.
+    """
+    global _patch_depth, _torch_operator_str
+    from torch._inductor import exc
+
+    issue = getattr(exc, "OperatorIssue", None)
+    if issue is None or not hasattr(issue, "operator_str"):
+        yield
+        return
+    with _patch_lock:
+        if _patch_depth == 0:
+            _torch_operator_str = issue.__dict__["operator_str"]
+            issue.operator_str = staticmethod(_operator_str)
+        _patch_depth += 1
+    try:
+        yield
+    finally:
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                issue.operator_str = _torch_operator_str
+
+
+def _operator_str(target: Any, args: list[Any], kwargs: dict[str, Any]) -> str:
+    lines = [f"target: {target}"] + [f"args[{i}]: {_describe(arg)}" for i, arg in enumerate(args)]
+    if kwargs:
+        lines.append(f"kwargs: {_describe(kwargs)}")
+    return "\n".join("  " + line for line in lines)
+
+
+def _describe(value: Any) -> str:
+    """One line per argument: an IR node by its class, buffer name and size, never its inputs."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in value.items()) + "}"
+    if type(value).__module__.startswith("torch._inductor"):
+        parts = [_try(lambda: str(value.get_name())), _try(lambda: f"size={list(value.get_size())}")]
+        return f"{type(value).__name__}({', '.join(p for p in parts if p)})"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _try(describe: Callable[[], str]) -> str:
+    try:
+        return describe()
+    except Exception:  # noqa: BLE001 - an unrealized or sizeless node: say what is known
+        return ""
