@@ -37,10 +37,12 @@ def shallow_operator_messages() -> Iterator[None]:
     IR node; an extern kernel's text contains its inputs' text, recursively. torch 2.11 formats that
     message whether or not INFO is on (later versions format it lazily). kopt's fusions chain extern
     kernels through every block, and a graph reaches each shared value by several paths, so the text of
-    an op type first seen after the last block grows exponentially with depth: Qwen-Image's final norm
-    (the only non-quantizing ``adaln_modulation``, after 60 blocks of fused kernels) held its lowering
-    for over 400 s on the H200 (``benchmarks/results/NOTES.md``, session 7). Naming each buffer keeps
-    the message's content for a reader (op, arguments' names and sizes) at a constant cost.
+    an op type first seen after the last block grows exponentially with depth. Qwen-Image's last block
+    boundary is the only non-quantizing ``gated_residual`` (its output projection stays bf16; the
+    tiny model with the same FP8 choices lowers it as the last new op type), after 60 blocks of fused
+    kernels: lowering sat in this text for over 400 s on the H200 (``benchmarks/results/NOTES.md``,
+    session 7). Naming each buffer keeps the message's content for a reader (op, arguments' names and
+    sizes) at a constant cost.
     """
     global _patch_depth, _torch_operator_str
     from torch._inductor import exc
