@@ -272,7 +272,7 @@ def test_compile_time_reports_each_pass(capsys):
 
     assert compile_time.main(["--blocks", "2"]) == 0
     out = capsys.readouterr().out
-    assert "qwen-image, 2 blocks of tiny width, lower=eager: first call" in out
+    assert "qwen-image, 2 blocks of tiny width, lower=eager, min_features=1: first call" in out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert "| applied | 6 |" in rows["fuse-gated-residual"]  # every block boundary of the two blocks
     assert "| applied |" in rows["staging"] and "(all passes)" in rows
