@@ -2,12 +2,13 @@
 # What a long-running process and its descendants are doing, every INTERVAL seconds, until it exits:
 #     bash benchmarks/stall_probe.sh PID [FIRST_DELAY_S] [INTERVAL_S] >> probe.txt
 # Per sample: memory, then for the process and each descendant its state (R running, S sleeping,
-# D uninterruptible: disk or driver), kernel wait channel, CPU %, resident MB and command line, then
+# D uninterruptible: disk or driver), kernel wait channel, CPU %, resident KB and command line, then
 # py-spy's Python and native stacks of every Python process among them (where `py-spy` is on PATH
-# or in /tmp/site/bin), and a SIGUSR1 to PID (benchmarks/dit.py prints its threads' stacks on it;
-# PROBE_USR1=0 for a process without such a handler, which the signal would end). Used on
-# the GPU machine when a kopt.compile ran past its time with the GPU idle and its log said only the
-# step it was in.
+# or in /tmp/site/bin: carry its wheel in .whl), and a SIGUSR1 to PID (benchmarks/dit.py prints its
+# threads' stacks on it here; on the H200 in session 7 no such dump appeared, py-spy's did;
+# PROBE_USR1=0 for a process without such a handler, which the signal would end). Used on the GPU
+# machine when a kopt.compile ran past its time with the GPU idle and its log said only the step it
+# was in (session 7: benchmarks/results/NOTES.md).
 set -u
 root=$1; first=${2:-150}; interval=${3:-60}
 spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
