@@ -53,7 +53,7 @@ def shallow_operator_messages() -> Iterator[None]:
         return
     with _patch_lock:
         if _patch_depth == 0:
-            _torch_operator_str = issue.__dict__["operator_str"]
+            _torch_operator_str = issue.__dict__.get("operator_str")  # None: inherited from a base class
             issue.operator_str = staticmethod(_operator_str)
         _patch_depth += 1
     try:
@@ -61,7 +61,9 @@ def shallow_operator_messages() -> Iterator[None]:
     finally:
         with _patch_lock:
             _patch_depth -= 1
-            if _patch_depth == 0:
+            if _patch_depth == 0 and _torch_operator_str is None:
+                del issue.operator_str
+            elif _patch_depth == 0:
                 issue.operator_str = _torch_operator_str
 
 
