@@ -1,0 +1,18 @@
+"""Package discovery: ``kopt`` and every subpackage under it, plus the top-level ``kernels/`` and
+``agent/`` folders installed as ``kopt.kernels`` and ``kopt.agent`` (with their subpackages).
+
+pyproject.toml holds the metadata; only the package list lives here, because setuptools'
+declarative ``packages.find`` names packages relative to the folder it searches and so cannot
+mount ``kernels/sub`` as ``kopt.kernels.sub``. A folder without ``__init__.py`` is not a package:
+``tests/test_packaging.py`` fails if any tracked module is missing from the wheel.
+"""
+
+from setuptools import find_packages, setup
+
+MOUNTED = {"kopt.kernels": "kernels", "kopt.agent": "agent"}  # package name -> folder in the checkout
+
+packages = find_packages(include=["kopt", "kopt.*"])
+for name, folder in MOUNTED.items():
+    packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
+
+setup(packages=packages, package_dir=MOUNTED)
