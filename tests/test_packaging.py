@@ -8,11 +8,19 @@ venv and compiles a model with it from outside the checkout.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
 MOUNTS = {"kopt": "kopt", "kernels": "kopt/kernels", "agent": "kopt/agent"}  # folder -> path in the wheel
@@ -66,3 +74,11 @@ def test_the_wheel_holds_every_tracked_module(tmp_path):
     text = wheel.read(entry_points).decode()
     assert "kopt = kopt.cli:main" in text and "kopt = kopt.backend:kopt_backend" in text
 
+
+def test_every_declared_dependency_is_imported():
+    """A runtime dependency nothing imports is dead weight for every user: each one is imported somewhere."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    sources = "\n".join(p.read_text() for folder in MOUNTS for p in (ROOT / folder).rglob("*.py"))
+    for requirement in declared:
+        module = re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].replace("-", "_")
+        assert re.search(rf"^\s*(import|from) {module}\b", sources, re.MULTILINE), f"{requirement} is never imported"
