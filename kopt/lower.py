@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +24,23 @@ def lower(graph_module: torch.fx.GraphModule, example_inputs: list[object],
         return compile_fx(graph_module, example_inputs)
 
 
+def _torch_release() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# torch 2.11 and 2.12 build the implicit-fallback message (below) whether or not INFO is on; 2.13 wraps
+# it in a LazyString (pytorch/pytorch#185951), so it is built only when a handler takes the record.
+TORCH_FORMATS_FALLBACK_MESSAGES_EAGERLY = _torch_release() < (2, 13)
+INDUCTOR_GRAPH_LOG = "torch._inductor.graph"
+
+
+def operator_messages_are_built() -> bool:
+    """Whether lowering will build the text of Inductor's implicit-fallback messages: always on
+    torch < 2.13, and on any torch while its graph logger takes INFO (``TORCH_LOGS=inductor``)."""
+    return TORCH_FORMATS_FALLBACK_MESSAGES_EAGERLY or logging.getLogger(INDUCTOR_GRAPH_LOG).isEnabledFor(logging.INFO)
+
+
 _patch_lock = threading.Lock()
 _patch_depth = 0  # compiles inside the patch (threads, nesting): the last one out restores torch's own
 _torch_operator_str: Any = None
@@ -34,8 +52,8 @@ def shallow_operator_messages() -> Iterator[None]:
 
     Why: Inductor lowers an op without a lowering of its own (every ``kopt::`` op) through an "implicit
     fallback", logged once per op type with ``OperatorIssue.operator_str``, which prints each argument
-    IR node; an extern kernel's text contains its inputs' text, recursively. torch 2.11 formats that
-    message whether or not INFO is on (later versions format it lazily). kopt's fusions chain extern
+    IR node; an extern kernel's text contains its inputs' text, recursively. torch 2.11 and 2.12 format
+    that message whether or not INFO is on (2.13 and later, only for a handler). kopt's fusions chain extern
     kernels through every block, and a graph reaches each shared value by several paths, so the text of
     an op type first seen after the last block grows exponentially with depth. Qwen-Image's last block
     boundary is the only non-quantizing ``gated_residual`` (its output projection stays bf16; the
@@ -43,12 +61,15 @@ def shallow_operator_messages() -> Iterator[None]:
     kernels: lowering sat in this text for over 400 s on the H200 (``benchmarks/results/NOTES.md``,
     session 7). Naming each buffer keeps the message's content for a reader (op, arguments' names and
     sizes) at a constant cost.
+
+    Applied only where the text is built (:func:`operator_messages_are_built`): on torch >= 2.13 with
+    Inductor's INFO log off, torch's own ``operator_str`` is left alone because nothing calls it.
     """
     global _patch_depth, _torch_operator_str
     from torch._inductor import exc
 
     issue = getattr(exc, "OperatorIssue", None)
-    if issue is None or not hasattr(issue, "operator_str"):
+    if issue is None or not hasattr(issue, "operator_str") or not operator_messages_are_built():
         yield
         return
     with _patch_lock:
