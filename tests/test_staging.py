@@ -13,19 +13,36 @@ from kopt.fx.binding_time import binding_times
 from kopt.fx.capture import trace_function
 from kopt.fx.staged_program import StagedProgram, split_stages, value_key
 from kopt.passes.base import PassContext
+from kopt.passes.pipeline import default_pipeline
 from kopt.passes.staging import HOIST_KEY, BindingTimeStaging
 from kopt.workloads import get_workload
+from tests.contracts import assert_within_contract, float64_output
 
 aten = torch.ops.aten
 EXPECTED_FOLDS = {"qwen-image": 5, "flux2": 2}  # Qwen: RoPE tables from shapes; FLUX.2: scalar tables
 
 
+UNSTAGED = [p.name for p in default_pipeline() if p.name != "staging"]  # "auto" without staging
+
+
+def _ran_unstaged(unstaged: kopt.KoptModule) -> bool:
+    """The reference compiled its own graph (not a cache entry of the staged one, nor eager)."""
+    graphs = unstaged.kopt_report.graphs
+    return bool(graphs) and [p.name for p in graphs[-1].passes] == UNSTAGED and graphs[-1].fallback is None
+
+
 def test_fires_on_tiny_dits_and_cfg_pair_hits_the_memo(tiny_dit):
-    """Folds and hoists on both models; the CFG pair's second call reuses the first's stage."""
+    """Folds and hoists on both models; the CFG pair's second call reuses the first's stage. Staging is
+    exact, so both calls are bit-identical to the same pipeline without staging; the pipeline's other
+    passes keep their contract against a float64 reference."""
     workload, model, inputs = tiny_dit
     compiled = kopt.compile(model, lower="eager", verify=True)
+    unstaged = kopt.compile(model, UNSTAGED, lower="eager")
     with torch.no_grad():
-        assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+        output = compiled(**inputs)[0]
+        assert torch.equal(output, unstaged(**inputs)[0])
+        assert_within_contract(output, eager=model(**inputs)[0], float64=float64_output(model, inputs),
+                               report=compiled.kopt_report)
         record = compiled.kopt_report.pass_records("staging")[0]
         assert record.matches["fold-constant"] == EXPECTED_FOLDS[workload.name]
         assert record.matches["hoist-step-invariant"] == 1
@@ -33,42 +50,49 @@ def test_fires_on_tiny_dits_and_cfg_pair_hits_the_memo(tiny_dit):
         hits, misses = memo.hits, memo.misses
         cond, uncond = workload.inputs("tiny", seed=5), workload.inputs("tiny", seed=6, negative=True)
         out_cond, out_uncond = workload.cfg_pair(compiled, cond, uncond, t=321.0)
-        ref_cond, ref_uncond = workload.cfg_pair(model, cond, uncond, t=321.0)
+        ref_cond, ref_uncond = workload.cfg_pair(unstaged, cond, uncond, t=321.0)
     assert torch.equal(out_cond[0], ref_cond[0]) and torch.equal(out_uncond[0], ref_uncond[0])
+    assert _ran_unstaged(unstaged)
     assert (memo.misses - misses, memo.hits - hits) == (1, 1)
 
 
 @pytest.fixture(scope="module")
 def compiled_flux2():
+    """(workload, model, compiled, unstaged): the default pipeline with and without staging."""
     torch._dynamo.reset()
     workload = get_workload("flux2")
     torch.manual_seed(1)
     model = workload.model("tiny")
     compiled = kopt.compile(model, lower="eager", memo_entries=2)
+    unstaged = kopt.compile(model, UNSTAGED, lower="eager")
     with torch.no_grad():
         compiled(**workload.inputs("tiny", seed=0))
-    return workload, model, compiled
+    return workload, model, compiled, unstaged
 
 
 @settings(max_examples=12, deadline=None)
 @given(steps=st.lists(st.sampled_from([0.0, 125.0, 500.0, 999.0, 1000.0]), min_size=1, max_size=8),
        guidance=st.sampled_from([1.0, 3.5]), seed=st.integers(0, 1000))
 def test_property_timestep_sequences_with_repeats_and_changes(compiled_flux2, steps, guidance, seed):
-    """Any sequence of timesteps (repeats, changes, returns) gives eager's output bit for bit."""
-    workload, model, compiled = compiled_flux2
+    """Any sequence of timesteps (repeats, changes, returns) gives, bit for bit, what the same pipeline
+    without staging gives, and that keeps the pipeline's contract against a float64 reference."""
+    workload, model, compiled, unstaged = compiled_flux2
     inputs = workload.inputs("tiny", seed=seed)
     inputs["guidance"] = torch.full((1,), guidance)
     with torch.no_grad():
         for t in steps:
             inputs["timestep"] = torch.full((1,), t) / 1000
-            assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+            output = compiled(**inputs)[0]
+            assert torch.equal(output, unstaged(**inputs)[0])
+        assert_within_contract(output, eager=model(**inputs)[0], float64=float64_output(model, inputs),
+                               report=compiled.kopt_report)
     memo = compiled.kopt_report.graphs[-1].memo
-    assert memo.entries <= 2 and memo.misses >= 1
+    assert memo.entries <= 2 and memo.misses >= 1 and _ran_unstaged(unstaged)
 
 
 def test_memo_is_bounded_over_many_steps(compiled_flux2):
     """Fifty denoising steps leave at most two entries; everything older was evicted."""
-    workload, _model, compiled = compiled_flux2
+    workload, _model, compiled, _unstaged = compiled_flux2
     inputs = workload.inputs("tiny", seed=3)
     with torch.no_grad():
         compiled(**inputs)  # (re)compiles: each test starts from a reset dynamo cache
@@ -82,11 +106,12 @@ def test_memo_is_bounded_over_many_steps(compiled_flux2):
 
 
 def test_batch_whose_rows_share_a_timestep():
-    """Batch 2 with one shared timestep value: memoized stage, eager's output."""
+    """Batch 2 with one shared timestep value: memoized stage, the unstaged pipeline's output."""
     workload = get_workload("flux2")
     torch.manual_seed(2)
     model = workload.model("tiny")
     compiled = kopt.compile(model, lower="eager")
+    unstaged = kopt.compile(model, UNSTAGED, lower="eager")
     one = workload.inputs("tiny", seed=4)
     batch = {k: (torch.cat([v, v.flip(0) if k == "hidden_states" else v]) if isinstance(v, torch.Tensor) else v)
              for k, v in one.items()}
@@ -94,9 +119,13 @@ def test_batch_whose_rows_share_a_timestep():
     batch["timestep"] = torch.full((2,), 0.25)
     batch["guidance"] = torch.full((2,), 4.0)
     with torch.no_grad():
-        assert torch.equal(compiled(**batch)[0], model(**batch)[0])
+        assert torch.equal(compiled(**batch)[0], unstaged(**batch)[0])
         batch["timestep"] = torch.full((2,), 0.75)
-        assert torch.equal(compiled(**batch)[0], model(**batch)[0])
+        output = compiled(**batch)[0]
+        assert torch.equal(output, unstaged(**batch)[0])
+        assert_within_contract(output, eager=model(**batch)[0], float64=float64_output(model, batch),
+                               report=compiled.kopt_report)
+    assert compiled.kopt_report.graphs[0].memo.misses == 2 and _ran_unstaged(unstaged)
 
 
 def _toy(x, t, w1, w2):
@@ -166,7 +195,8 @@ def test_a_later_pass_that_removes_the_frontier_leaves_the_graph_unstaged():
     compiled = kopt.compile(model, passes=["auto", later], lower="eager")
     inputs = workload.inputs("tiny", seed=8)
     with torch.no_grad():
-        assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
+        assert_within_contract(compiled(**inputs)[0], eager=model(**inputs)[0],
+                               float64=float64_output(model, inputs), report=compiled.kopt_report, passes=[later])
     graph = compiled.kopt_report.graphs[0]
     assert graph.memo is None
     assert any("not split out" in note for note in graph.passes[-1].notes)
