@@ -81,3 +81,19 @@ def test_pattern_does_not_match_a_different_computation():
     ctx = PassContext("silu")
     kopt.RewritePass("silu", "t", kopt.Contract.exact(), [rule]).apply(graph_module, ctx)
     assert ctx.matches == {}
+
+
+def test_a_library_function_with_optional_parameters_is_a_replacement():
+    """``replacement=torch.nn.functional.silu`` (signature ``input, inplace=False``) is traced with the
+    example's one argument, as README's "Writing a pass" writes it."""
+    rule = kopt.Rule("mul-sigmoid→silu", lambda x: x * torch.sigmoid(x), torch.nn.functional.silu,
+                     example=lambda: (torch.randn(8, 16),), why="silu(x) is defined as x * sigmoid(x)")
+    graph_module = trace_function(lambda x: (x * torch.sigmoid(x)).sum(), torch.randn(3, 5))
+    ctx = PassContext("fuse-silu")
+    kopt.RewritePass("fuse-silu", "one op", kopt.Contract.tolerance(1e-5), [rule]).apply(graph_module, ctx)
+    graph_module.recompile()
+    assert ctx.matches == {"mul-sigmoid→silu": 1}
+    targets = [n.target for n in graph_module.graph.nodes]
+    assert aten.silu.default in targets and aten.sigmoid.default not in targets
+    x = torch.randn(3, 5)
+    assert rel_err(graph_module(x), (x * torch.sigmoid(x)).sum()) < 1e-5

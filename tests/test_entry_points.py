@@ -127,6 +127,9 @@ def test_custom_pass_example_runs():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "fuse-silu fired 1x" in result.stdout
+    (error,) = re.findall(r"relative error (\S+)", result.stdout)
+    (bound,) = re.findall(r"verify output 0: rel \S+ \(bound (\S+)\)", result.stdout)  # the fired contracts
+    assert float(error) <= float(bound) and "VIOLATION" not in result.stdout
 
 
 def test_cli_rejects_unknown_passes_and_workloads_cleanly():

@@ -61,7 +61,9 @@ class Rule:
 
 
 def _trace(fn: Callable[..., object], example: tuple[torch.Tensor, ...]) -> torch.fx.Graph:
-    graph = make_fx(fn)(*example).graph
+    """``fn`` traced on the example, called with exactly the example's arguments: make_fx makes one input per
+    parameter of ``fn`` itself, so ``torch.nn.functional.silu`` (``input, inplace=False``) would need two."""
+    graph = make_fx(lambda *args: fn(*args))(*example).graph
     graph.eliminate_dead_code()
     return graph
 
