@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,11 @@ from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec, resolve, with_fp8
+from kopt.progress import show_progress
 from kopt.release import WeightsReleasedError
 from kopt.report import Report
+
+log = logging.getLogger("kopt")  # progress at INFO (kopt.progress shows it)
 
 
 def _enum(kind: type, value: Any, argument: str) -> Any:
@@ -34,7 +38,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
                  trace: str | Path | None = None, fuel: int | None = None,
                  memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
-                 cuda_graphs: bool | None = None) -> KoptBackend:
+                 cuda_graphs: bool | None = None, progress: bool | None = None) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
     if fp8:
         if fp8 is not True and not isinstance(fp8, Fp8Config):
@@ -51,6 +55,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
         fuel=fuel,
         memo_entries=memo_entries,
         cuda_graphs=cuda_graphs,
+        progress=progress,
     )
     return KoptBackend(passes, options)
 
@@ -82,7 +87,12 @@ class KoptModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            out = self._kopt_compiled(*args, **kwargs)
+            if self._kopt_backend.report.graphs:
+                out = self._kopt_compiled(*args, **kwargs)
+            else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
+                with show_progress(self._kopt_backend.options.progress):
+                    log.info("tracing %s with dynamo", type(self._orig_mod).__name__)
+                    out = self._kopt_compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             inner = getattr(error, "inner_exception", None)
             if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
@@ -116,7 +126,7 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = False,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
-            release_weights: bool = False) -> KoptModule:
+            release_weights: bool = False, progress: bool | None = None) -> KoptModule:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -145,11 +155,14 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             compiled graph reads (the bf16 originals of FP8-quantized or merged linears). The module
             can then no longer run by itself, and a call that needs a new compilation (new shapes,
             changed weights) raises :class:`kopt.WeightsReleasedError`.
+        progress: show each step of a compile (tracing, capture, each pass, lowering, autotuning) on
+            stderr: True, False, or None (default: a status line when stderr is a terminal and logging
+            does not already show the ``kopt`` logger's INFO records).
 
     Returns:
         A :class:`KoptModule`; compilation happens at the first call.
     """
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, trace=trace, fuel=fuel,
-                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs)
+                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, progress=progress)
     return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic, release_weights=release_weights)

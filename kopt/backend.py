@@ -30,6 +30,7 @@ from kopt.passes.base import Contract, Fuel, Pass
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import PassSpec, resolve
 from kopt.passes.staging import HOIST_KEY
+from kopt.progress import first_call_shows_progress, show_progress
 from kopt.release import check_not_released, is_released, read_storages, release_unread_weights
 from kopt.report import GraphReport, Report
 from kopt.verify import compare
@@ -97,6 +98,7 @@ class CompiledGraph:
                 self.report.lowering += " (original graph: no rewrite fired)"
         self.report.compile_seconds = time.perf_counter() - start
         log.info("graph %d: lowered in %.1f s", self.report.index, self.report.compile_seconds)
+        self.runner = first_call_shows_progress(self.runner, options.progress)  # kernels autotune on it
         self.generation = self.backend.generation
 
     def _lower_rewritten(self, rewritten: CapturedGraph, user_args: list[Any]) -> Callable[..., Any]:
@@ -200,7 +202,8 @@ class CompiledGraph:
                     "module.kopt_refresh() or compile with on_weight_change=WeightChange.RECOMPILE")
             if policy is not WeightChange.IGNORE or stale:
                 self.report.weight_refreshes += 1
-                self._build(list(args))
+                with show_progress(self.backend.options.progress):
+                    self._build(list(args))
         if self.captured is not None:
             return self.runner(*self.captured.user_args(args))
         return self.runner(*args)
@@ -241,7 +244,8 @@ class KoptBackend:
         self.report.graph_breaks = [f"{reason} (×{count - self._breaks_before.get(reason, 0)})"
                                     for reason, count in now.items()
                                     if count > self._breaks_before.get(reason, 0)]
-        compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        with show_progress(self.options.progress):
+            compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
         self.compiled.append(compiled)
         return compiled
 

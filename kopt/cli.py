@@ -58,10 +58,14 @@ def _fp8(args: argparse.Namespace) -> object:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from kopt.demo import explain, summary_line
+    from kopt.demo import explain, placement, summary_line
 
+    try:
+        placement(args.size)
+    except ValueError as error:
+        raise SystemExit(f"kopt: {error}") from None
     result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes),
-                     fp8=_fp8(args))
+                     fp8=_fp8(args), progress=args.progress)
     if args.json:
         print(json.dumps({**result, "report": result["report"].to_dict()}, indent=1, default=str))
     else:
@@ -77,7 +81,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"the CPU, lowered with {args.lower}. CPU times are a sanity figure, not a benchmark.\n")
     lines = []
     for name in args.models.split(","):
-        result = explain(_workload(name), lower=args.lower, passes=_passes(args.passes))
+        result = explain(_workload(name), lower=args.lower, passes=_passes(args.passes), progress=args.progress)
         print(f"=== {name} ===")
         print(result["report"])
         print()
@@ -87,21 +91,38 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+LOWER_HELP = ("what runs the rewritten graph: inductor (default, as kopt.compile: generated kernels, tens of "
+              "seconds of C++ compile per graph on a CPU) or eager (the graph op by op: compiles in seconds, "
+              "slower to run; the report and the pass decisions are the same)")
+PROGRESS_HELP = ("show each compile step (capture, every pass, lowering, autotuning) on stderr, as a status line "
+                 "on a terminal (default: on)")
+
+
+def _add_common(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--lower", choices=["inductor", "eager"], default="inductor", help=LOWER_HELP)
+    command.add_argument("--passes", default="auto", help="auto, or pass names separated by commas (kopt passes)")
+    command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help=PROGRESS_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kopt", description="verified graph rewrites for PyTorch inference")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="compile tiny Qwen-Image and FLUX.2 on the CPU and report")
-    demo.add_argument("--models", default="qwen-image,flux2")
-    demo.add_argument("--lower", choices=["inductor", "eager"], default="inductor")
-    demo.add_argument("--passes", default="auto", help="auto, or pass names separated by commas")
+    demo.add_argument("--models", default="qwen-image,flux2",
+                      help="workloads separated by commas (names or module:factory, as for explain)")
+    _add_common(demo)
     demo.set_defaults(run=_cmd_demo)
     passes = commands.add_parser("passes", help="list the default pipeline with each pass's why and contract")
     passes.set_defaults(run=_cmd_passes)
     explain = commands.add_parser("explain", help="compile one workload and print kopt's report")
-    explain.add_argument("workload", help="qwen-image, flux2, or module:factory")
-    explain.add_argument("--size", choices=["tiny", "full"], default="tiny")
-    explain.add_argument("--lower", choices=["inductor", "eager"], default="eager")
-    explain.add_argument("--passes", default="auto", help="auto, or pass names separated by commas")
+    explain.add_argument("workload", help="qwen-image, flux2, or module:factory: an importable module and a "
+                                          "name in it that is, or takes no arguments and returns, a "
+                                          "kopt.workloads.Workload (the model factory and its example inputs)")
+    explain.add_argument("--size", choices=["tiny", "full"], default="tiny",
+                         help="tiny (default: the workload's small configuration of its real architecture, "
+                              "random weights, on the CPU in float32) or full (the published configuration, "
+                              "random weights, on the GPU in bfloat16; refused without a CUDA device)")
+    _add_common(explain)
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.add_argument("--fp8", choices=["row", "tensor", "block-1x128", "block-128x128"],
                          help="also quantize the linears to FP8 with this scale granularity")

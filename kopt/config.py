@@ -52,6 +52,8 @@ class CompileOptions:
             keep; 2 covers a CFG pair plus the step before.
         cuda_graphs: replay the lowered graph from CUDA graphs (:mod:`kopt.cuda_graphs`) when its
             inputs are CUDA tensors; None (default) means yes for ``lower="inductor"``.
+        progress: show each step of a compile on stderr (:mod:`kopt.progress`): True, False, or None
+            (default: a status line when stderr is a terminal).
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -63,6 +65,7 @@ class CompileOptions:
     fuel: int | None = None
     memo_entries: int = 2
     cuda_graphs: bool | None = None
+    progress: bool | None = None
 
     @property
     def use_cuda_graphs(self) -> bool:

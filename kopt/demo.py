@@ -18,30 +18,49 @@ def _median_seconds(fn: Callable[[int], Any], repeats: int) -> float:
     """Median wall time of ``fn(step)`` over steps 1..repeats (a new timestep value each call)."""
     times = []
     for step in range(1, repeats + 1):
+        _synchronize()
         start = time.perf_counter()
         fn(step)
+        _synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def placement(size: str) -> tuple[torch.device, torch.dtype]:
+    """Where a workload of ``size`` runs: tiny on the CPU in float32, full (billions of parameters) on the
+    GPU in bfloat16."""
+    if size != "full":
+        return torch.device("cpu"), torch.float32
+    if not torch.cuda.is_available():
+        raise ValueError("size 'full' is the published configuration (billions of parameters): it needs a "
+                         "CUDA device; use size 'tiny' on the CPU")
+    return torch.device("cuda"), torch.bfloat16
+
+
 def explain(workload_name: str, *, size: str = "tiny", lower: str = "inductor",
             passes: kopt.passes.pipeline.PassSpec = "auto", seed: int = 0,
-            repeats: int = 5, fp8: Any = None) -> dict[str, Any]:
+            repeats: int = 5, fp8: Any = None, progress: bool | None = None) -> dict[str, Any]:
     """Compile one workload, check it against eager on fresh inputs, time both.
 
-    ``fp8``: a :class:`kopt.fp8.Fp8Config`, or None for bf16. Returns a dict with the report,
-    relative error, cosine and eager/kopt median seconds.
+    ``fp8``: a :class:`kopt.fp8.Fp8Config`, or None for bf16; ``progress``: as for :func:`kopt.compile`.
+    Returns a dict with the report, relative error, cosine and eager/kopt median seconds.
     """
     workload = get_workload(workload_name)
+    device, dtype = placement(size)
     torch.manual_seed(seed)
-    model = workload.model(size)  # type: ignore[arg-type]
-    compiled = kopt.compile(model, passes, lower=lower, verify=True, fp8=fp8)
+    model = workload.model(size, device=device, dtype=dtype)  # type: ignore[arg-type]
+    compiled = kopt.compile(model, passes, lower=lower, verify=True, fp8=fp8, progress=progress)
     with torch.no_grad():
-        first = workload.inputs(size, seed=seed + 1)  # type: ignore[arg-type]
+        first = workload.inputs(size, device=device, dtype=dtype, seed=seed + 1)  # type: ignore[arg-type]
         start = time.perf_counter()
         compiled(**first)
         compile_seconds = time.perf_counter() - start
-        fresh = workload.inputs(size, seed=seed + 2)  # type: ignore[arg-type]
+        fresh = workload.inputs(size, device=device, dtype=dtype, seed=seed + 2)  # type: ignore[arg-type]
         reference = model(**fresh)[0]
         output = compiled(**fresh)[0]
         eager_s = _median_seconds(lambda step: model(**workload.at_step(fresh, step)), repeats)

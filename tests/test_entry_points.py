@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
 import re
 import subprocess
@@ -10,8 +12,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import kopt
+from kopt.cli import build_parser
+from kopt.config import Lowering
 from kopt.passes.base import Contract
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,8 +101,8 @@ def test_cli_explain_json():
 
 
 def test_cli_explain_fp8_reports_the_fp8_passes_and_the_quality():
-    result = subprocess.run(["kopt", "explain", "flux2", "--fp8", "row", "--fp8-attention", "--json"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(["kopt", "explain", "flux2", "--fp8", "row", "--fp8-attention", "--json",
+                             "--lower", "eager"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     decoded = json.loads(result.stdout)
     names = [p["name"] for p in decoded["report"]["graphs"][0]["passes"]]
@@ -138,3 +143,29 @@ def test_cli_rejects_unknown_passes_and_workloads_cleanly():
                            (["explain", "qwen"], "unknown workload 'qwen'")):
         result = subprocess.run(["kopt", *argv], capture_output=True, text=True, timeout=300)
         assert result.returncode != 0 and expected in result.stderr and "Traceback" not in result.stderr
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices[name]
+
+
+def test_explain_and_demo_lower_as_kopt_compile_does_and_every_option_says_what_it_does():
+    """Same default lowering as kopt.compile (Inductor); every option has help; the workload's help says
+    what a module:factory must give."""
+    default = inspect.signature(kopt.compile).parameters["lower"].default
+    for name, argv in (("explain", ["explain", "flux2"]), ("demo", ["demo"])):
+        assert build_parser().parse_args(argv).lower == Lowering(default).value == "inductor"
+        options = [a for a in _subcommand(name)._actions if not isinstance(a, argparse._HelpAction)]
+        undocumented = [a.dest for a in options if not a.help]
+        assert not undocumented, f"kopt {name}: options without help: {undocumented}"
+    (workload,) = [a for a in _subcommand("explain")._actions if a.dest == "workload"]
+    assert "module:factory" in workload.help and "kopt.workloads.Workload" in workload.help
+
+
+def test_explain_full_size_without_a_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: --size full would build the full model")
+    result = subprocess.run(["kopt", "explain", "flux2", "--size", "full"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0 and "needs a CUDA device" in result.stderr and "Traceback" not in result.stderr
