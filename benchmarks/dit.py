@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
     return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
                 first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
-                launches=None, notes=[])
+                launches=None, replay=None, notes=[])
 
 
 def _as_output(call: str, result: Any) -> torch.Tensor:
@@ -221,6 +221,19 @@ def repeating_forward(fn: Any, inputs: dict[str, Any]) -> Any:
     return lambda: fn(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
 
 
+def replay_status(prepared: Prepared) -> str | None:
+    """Whether the timed calls replayed a CUDA graph: a baseline's whole-forward replay, or kopt's own
+    (every per-step graph replayed its last call); None for variants that do not replay."""
+    if prepared.replay is not None:
+        return prepared.replay()
+    report = prepared.kopt_report
+    stats = [g.cuda_graphs for g in report.graphs if g.cuda_graphs is not None] if report is not None else []
+    if not stats:
+        return None
+    reasons = {s.disabled or s.skipped for s in stats} - {None}
+    return "replayed" if not reasons else "not replayed: " + "; ".join(sorted(reasons))
+
+
 def _uses_staging(prepared: Prepared) -> bool:
     """A step-invariant stage with a memo exists (filled in by the first call, which compiles)."""
     report = prepared.kopt_report
@@ -234,6 +247,7 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
     forward = measure_row(run, state.name, variant.name, "forward",
                           stepping_forward(state.workload, fn, state.inputs), state.reference)
     forward["notes"] = list(prepared.notes)
+    forward["replay"] = replay_status(prepared)
     rows.append(forward)
     if run.args.profile_forwards > 0:
         breakdown = profile_breakdown(stepping_forward(state.workload, fn, state.inputs), run.device,
@@ -247,6 +261,7 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
         pair = stepping_cfg_pair(state.workload, fn, state.inputs, state.negative)
         cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg)
         cfg["notes"] = list(prepared.notes)
+        cfg["replay"] = replay_status(prepared)
         rows.append(cfg)
     if _uses_staging(prepared):
         hit = measure_row(run, state.name, variant.name, "forward-memo-hit",

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.summary import summary_rows, summary_table
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -170,6 +172,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f", {results['dtype']}, one transformer forward; median of {results['repeats']} after "
         f"{results['warmup']} warm-up; rel err / cosine vs eager in float64.",
         "## Rows", rows_table(results["rows"]),
+        "## kopt against the best baseline of its precision", summary_table(results),
     ]
     if results.get("breakdown"):
         parts += ["## Kernel time per forward (profiler, ms)", breakdown_table(results["breakdown"])]
@@ -225,7 +228,7 @@ def write_png(results: Mapping[str, Any], path: Path) -> str | None:
 def write_all(results: Mapping[str, Any], out_dir: Path, name: str, png: bool = True) -> list[str]:
     """Write ``name``.json and .md (and .png when ``png``); returns notes (e.g. PNG skipped)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    clean = _clean({**results, "rows": with_speedups(results["rows"])})
+    clean = _clean({**results, "rows": with_speedups(results["rows"]), "summary": summary_rows(results)})
     (out_dir / f"{name}.json").write_text(json.dumps(clean, indent=2) + "\n")
     (out_dir / f"{name}.md").write_text(render_markdown(clean))
     notes: list[str] = []

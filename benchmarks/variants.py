@@ -46,6 +46,7 @@ class Prepared:
     notes: list[str] = dataclasses.field(default_factory=list)
     kopt_report: Any = None  # kopt.Report for kopt variants (filled in after the first call)
     undo: Callable[[], None] = lambda: None
+    replay: Callable[[], str] | None = None  # whole-forward CUDA-graph replay's status (baselines that replay)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,19 @@ def _regional_compile(model: nn.Module, setup: Setup) -> Prepared:
     model.compile_repeated_blocks()
     return Prepared(model, notes=[f"regional: {', '.join(model._repeated_blocks)}"],
                     undo=lambda: _uncompile_blocks(model))
+
+
+def _replayed(prepared: Prepared, setup: Setup) -> Prepared:
+    """``prepared`` with its whole forward replayed from a CUDA graph (:mod:`benchmarks.graph_replay`),
+    as kopt replays its own: on the CPU there is nothing to replay and the row says so."""
+    from benchmarks.graph_replay import ReplayedForward
+
+    if setup.device.type != "cuda":
+        return dataclasses.replace(prepared, notes=[*prepared.notes, "CPU: no CUDA graph"],
+                                   replay=lambda: "not replayed: CPU")
+    replayed = ReplayedForward(prepared.fn)
+    return dataclasses.replace(prepared, fn=replayed, notes=[*prepared.notes, "whole forward as one CUDA graph"],
+                               replay=replayed.status)
 
 
 def _whole_compile(model: nn.Module, setup: Setup) -> Prepared:
@@ -169,6 +183,9 @@ def all_variants() -> list[Variant]:
         Variant("eager", "eager bf16 (the reference)", _eager, cfg_pair=True, estimate_full_s=20),
         Variant("torch.compile", "regional torch.compile (compile_repeated_blocks)", _regional_compile,
                 cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
+        Variant("torch.compile+graphs", "regional torch.compile, whole forward replayed from a CUDA graph",
+                lambda m, s: _replayed(_regional_compile(m, s), s), cfg_pair=True, estimate_full_s=150,
+                aliases=("compile+graphs",)),
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
                 estimate_full_s=420, aliases=("compile-full", "whole")),
     ]
@@ -187,13 +204,17 @@ def all_variants() -> list[Variant]:
         Variant("fp8+torch.compile-fast-accum", "rowwise FP8 linears with fast accumulation + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True, fast_accum=True), mutates_model=True,
                 estimate_full_s=180),
+        Variant("fp8+torch.compile-fast-accum+graphs",
+                "rowwise FP8 linears with fast accumulation + regional torch.compile, whole forward replayed "
+                "from a CUDA graph", lambda m, s: _replayed(_fp8(m, s, compile_blocks=True, fast_accum=True), s),
+                mutates_model=True, estimate_full_s=180, aliases=("fp8+graphs",)),
         Variant("fp8-eager", "rowwise FP8 linears, no compile", lambda m, s: _fp8(m, s, compile_blocks=False),
                 mutates_model=True, estimate_full_s=60),
     ]
     return variants
 
 
-DEFAULT_FULL = ("eager", "torch.compile", "kopt", "fp8+torch.compile")
+DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
 DEFAULT_TINY = tuple(v.name for v in all_variants()
                      if not v.name.startswith(("kopt-no-", "kopt-fused", "kopt-fp8-release")))
 
