@@ -52,6 +52,9 @@ class CompileOptions:
             keep; 2 covers a CFG pair plus the step before.
         cuda_graphs: replay the lowered graph from CUDA graphs (:mod:`kopt.cuda_graphs`) when its
             inputs are CUDA tensors; None (default) means yes for ``lower="inductor"``.
+        check_lowering: on the first call, check the lowered graph's outputs against a
+            higher-precision reference (:mod:`kopt.checks`) and run the graph as FX if it fails;
+            None (default) means yes for ``lower="inductor"``.
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -63,11 +66,19 @@ class CompileOptions:
     fuel: int | None = None
     memo_entries: int = 2
     cuda_graphs: bool | None = None
+    check_lowering: bool | None = None
 
     @property
     def use_cuda_graphs(self) -> bool:
         """Whether lowered graphs with CUDA inputs are replayed from CUDA graphs."""
         return self.lower is Lowering.INDUCTOR if self.cuda_graphs is None else self.cuda_graphs
+
+    @property
+    def checks_lowering(self) -> bool:
+        """Whether the lowered graph is checked against the reference on its first call."""
+        if self.lower is Lowering.EAGER:
+            return False  # the graph runs as FX: the op-by-op run is the lowering
+        return self.check_lowering is not False
 
     @staticmethod
     def from_environment(**overrides: object) -> CompileOptions:

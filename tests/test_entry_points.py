@@ -53,9 +53,10 @@ def test_backend_options_reach_kopt():
             ref, out = model(**inputs)[0], compiled(**inputs)[0]
         import kopt
         graph = kopt.last_backend_report().graphs[0]
-        print(torch.equal(ref, out), graph.lowering, graph.verification[0]["verdict"])
+        print(torch.equal(ref, out), graph.lowering, graph.verification[0]["rel_err_vs_eager"],
+              graph.verification[0]["ok"])
     """)
-    assert out.startswith("True eager rel 0.00e+00"), out
+    assert out.startswith("True eager 0.0 True"), out
 
 
 def test_cli_passes_lists_the_pipeline():
@@ -68,7 +69,8 @@ def test_cli_explain_json():
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     decoded = json.loads(result.stdout)
-    assert decoded["rel_err"] == 0.0
+    # against the float64 reference: kopt (fp32, run as FX) is as close as eager is
+    assert decoded["rel_err"] < 1e-5 and decoded["rel_err"] <= decoded["eager_rel_err"] + 1e-6
     assert decoded["report"]["graphs"][0]["passes"][0]["name"] == "redundancy"
 
 
