@@ -58,10 +58,13 @@ def _fp8(args: argparse.Namespace) -> object:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    import torch
+
     from kopt.demo import explain, summary_line
 
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes),
-                     fp8=_fp8(args))
+                     fp8=_fp8(args), dtype=dtypes[args.dtype])
     if args.json:
         print(json.dumps({**result, "report": result["report"].to_dict()}, indent=1, default=str))
     else:
@@ -82,7 +85,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(result["report"])
         print()
         lines.append(summary_line(result))
-    print("=== summary (output vs eager on fresh random inputs) ===")
+    print("=== summary (fresh random inputs; reference: the same weights in float64) ===")
     print("\n".join(lines))
     return 0
 
@@ -102,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--size", choices=["tiny", "full"], default="tiny")
     explain.add_argument("--lower", choices=["inductor", "eager"], default="eager")
     explain.add_argument("--passes", default="auto", help="auto, or pass names separated by commas")
+    explain.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                         help="the model's dtype (precision hazards show in bf16/fp16)")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.add_argument("--fp8", choices=["row", "tensor", "block-1x128", "block-128x128"],
                          help="also quantize the linears to FP8 with this scale granularity")
