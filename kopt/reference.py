@@ -150,20 +150,25 @@ def _full_precision_matmuls() -> Iterator[None]:
         torch.set_float32_matmul_precision(precision)
 
 
-def _first_floating(values: Any) -> torch.Tensor | None:
-    return next((v for v in pytree.tree_leaves(values) if isinstance(v, torch.Tensor) and v.is_floating_point()),
-                None)
+def _narrowest_floating(values: Any) -> torch.Tensor | None:
+    """The floating input of the lowest precision: what the model computes in (its bf16 weights, not
+    an fp32 guidance input that happens to come first)."""
+    floating = [v for v in pytree.tree_leaves(values) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return min(floating, key=lambda v: _FLOAT_RANK.get(v.dtype, 0), default=None)
 
 
 def run_reference(fn: Callable[..., Any], *args: Any, dtype: torch.dtype | None = None,
                   upcast_inputs: bool | Collection[int] = False, stats: ReferenceStats | None = None,
                   **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` with every op in ``dtype`` (default :func:`reference_dtype` of the first
-    floating input). ``upcast_inputs`` converts floating inputs once up front (True: all of them; a
-    collection: those positional arguments): user inputs, cheaper than at every use, and an in-place
-    op on them then writes the upcast copy, not the caller's tensor. Leave the weights out (an FX
-    graph's parameter placeholders): they are upcast op by op, so the model is never copied whole."""
-    sample = _first_floating((args, kwargs))
+    """``fn(*args, **kwargs)`` with every op in ``dtype``.
+
+    ``dtype`` defaults to :func:`reference_dtype` of the lowest-precision floating input (an FX
+    graph's inputs include its weights). ``upcast_inputs`` converts floating inputs once up front
+    (True: all of them; a collection: those positional arguments): user inputs, cheaper than at
+    every use, and an in-place op on them then writes the upcast copy, not the caller's tensor.
+    Leave the weights out (an FX graph's parameter placeholders): they are upcast op by op, so the
+    model is never copied whole."""
+    sample = _narrowest_floating((args, kwargs))
     if dtype is None:
         device = sample.device if sample is not None else torch.device("cpu")
         dtype = reference_dtype(device, sample.dtype if sample is not None else None)
@@ -181,5 +186,10 @@ def run_reference(fn: Callable[..., Any], *args: Any, dtype: torch.dtype | None 
 
 def reference_forward(module: torch.nn.Module, *args: Any, dtype: torch.dtype | None = None,
                       stats: ReferenceStats | None = None, **kwargs: Any) -> Any:
-    """``module(*args, **kwargs)`` in higher precision: weights upcast op by op, inputs up front."""
+    """``module(*args, **kwargs)`` in higher precision: weights upcast op by op, inputs up front. The
+    default dtype follows the lowest precision among the inputs and the module's own weights."""
+    if dtype is None:
+        sample = _narrowest_floating((args, kwargs, list(module.parameters()), list(module.buffers())))
+        if sample is not None:
+            dtype = reference_dtype(sample.device, sample.dtype)
     return run_reference(module, *args, dtype=dtype, upcast_inputs=True, stats=stats, **kwargs)

@@ -26,9 +26,9 @@ The acceptance rules (``e_x = d(x, r)``):
   run op by op. A lowering promises the same math and only rounds differently (fused
   intermediates kept in fp32, reductions reordered), so its error is of the order of the op-by-op
   run's; it may exceed it by half, plus one unit of the output dtype's precision (a correctly
-  rounded output is that far off). Measured on tiny Qwen-Image and FLUX.2 on the CPU, Inductor's
-  error is 0.83-1.02x the op-by-op run's in fp32 and bf16; a dropped term or a perturbation above
-  the rounding noise fails.
+  rounded output is that far off). tests/test_lowering_check.py holds Inductor to it on tiny
+  Qwen-Image (fp32, bf16) and FLUX.1 (bf16, where Inductor skips eager's rounding and is the more
+  accurate); a dropped term or a perturbation above the rounding noise fails.
 
 Without a reference (:class:`~kopt.reference.ReferenceUnavailable`: e.g. the forward writes into a
 bf16 buffer in place), a pass is judged against eager as before (``d(c, b) <= tau``) and the verdict

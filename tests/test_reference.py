@@ -108,3 +108,17 @@ def test_reference_dtype_is_float64_on_the_cpu_and_float32_on_a_gpu_for_bf16():
     assert reference_dtype("cpu", torch.bfloat16) is torch.float64
     assert reference_dtype("cuda", torch.bfloat16) is torch.float32
     assert reference_dtype("cuda", torch.float32) is torch.float64
+
+
+def test_the_default_dtype_follows_the_narrowest_input_not_the_first(monkeypatch):
+    """A bf16 graph whose first input is an fp32 guidance value computes in bf16: on a GPU its reference
+    is fp32, not fp64 (which would double the reference's time and memory for nothing)."""
+    import kopt.reference
+
+    chosen = []
+    monkeypatch.setattr(kopt.reference, "reference_dtype",
+                        lambda device, dtype: chosen.append(dtype) or torch.float64)
+    run_reference(lambda g, x: g * x, torch.ones(2), torch.ones(2, dtype=torch.bfloat16))
+    model = _tiny_stack(1)
+    reference_forward(model, torch.randn(1, 3, 32).float().to(torch.bfloat16))
+    assert chosen == [torch.bfloat16, torch.bfloat16]
