@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from kopt.passes.pipeline import default_pipeline, opt_in_passes
@@ -34,8 +35,12 @@ def _passes(spec: str) -> str | list[str]:
 
 
 def _workload(name: str) -> str:
+    """A built-in workload name, or ``module:factory`` importable from the current folder (as with
+    ``python -m``: the ``kopt`` script's own folder is on the path, the user's is not)."""
     from kopt.workloads import get_workload
 
+    if ":" in name and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         get_workload(name)
     except (KeyError, ImportError, AttributeError, TypeError) as error:
