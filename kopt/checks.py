@@ -96,19 +96,46 @@ class LoweringCheck:
         return head + ": " + ("passed" if self.ok else f"FAILED, so {self.fallback or 'it raised'}")
 
 
-def writes_in_place(graph: torch.fx.GraphModule) -> str | None:
-    """The first node of a dynamo graph that may write into a tensor in place (None: none does).
+# Calls whose result may share memory with their first argument: a write into the result writes
+# there too. Everything else (arithmetic, matmuls, clone, cat, ...) returns a fresh tensor.
+_MAY_ALIAS = frozenset({
+    "view", "view_as", "reshape", "transpose", "permute", "t", "unsqueeze", "squeeze", "flatten", "unflatten",
+    "expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "getitem", "as_strided", "detach",
+    "contiguous", "to", "type", "type_as", "float", "half", "bfloat16", "double", "movedim", "swapaxes",
+    "diagonal", "real", "imag", "view_as_real", "view_as_complex", "alias",
+})
 
-    Checking the lowering runs the first call again; a graph writing into its inputs (a cache, an
-    input mutated by the forward) would apply the write twice. Conservative: any in-place call
-    counts, also on an intermediate value (diffusers' and transformers' forwards have none).
+
+def _name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+
+
+def _writes(node: torch.fx.Node) -> bool:
+    name = _name(node)
+    return (name.endswith("_") and not name.startswith("_")) or name == "setitem" or bool(node.kwargs.get("inplace"))
+
+
+def _root(node: object) -> object:
+    """What ``node`` may alias: follows possibly-aliasing calls back to where the memory comes from."""
+    while isinstance(node, torch.fx.Node) and node.op in ("call_function", "call_method") and (
+            _name(node) in _MAY_ALIAS or _writes(node)) and node.args:
+        node = node.args[0]
+    return node
+
+
+def writes_in_place(graph: torch.fx.GraphModule) -> str | None:
+    """The first node of a dynamo graph that may write into one of its inputs (None: none does).
+
+    Checking the lowering runs the first call again; a graph writing into its inputs (a cache
+    buffer, an input mutated by the forward) would apply the write again. A write into a tensor the
+    graph made itself (``y = x.clone(); y[:, 0] = 0``) is harmless; one whose target may alias an
+    input, through views and calls that can return their argument, counts.
     """
     for node in graph.graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
-        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-        if (name.endswith("_") and not name.startswith("_")) or name == "setitem" or node.kwargs.get("inplace"):
-            return f"{node.name} ({name})"
+        if node.op in ("call_function", "call_method") and _writes(node) and node.args:
+            root = _root(node.args[0])
+            if not isinstance(root, torch.fx.Node) or root.op in ("placeholder", "get_attr"):
+                return f"{node.name} ({_name(node)})"
     return None
 
 

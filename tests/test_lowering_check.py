@@ -14,6 +14,7 @@ import torch.utils._pytree as pytree
 
 import kopt
 import kopt.backend
+from kopt.checks import writes_in_place
 from kopt.config import Lowering
 from kopt.lower import lower as real_lower
 from kopt.verify import relative_error
@@ -135,6 +136,33 @@ def test_a_graph_writing_in_place_is_not_rerun_by_the_check(monkeypatch):
     check = compiled.kopt_report.graphs[0].lowering_check
     assert check.ok and "writes in place" in check.note and "writes in place" in str(compiled.kopt_report)
     assert counts[0] == counts[1]
+
+
+def test_a_write_into_a_fresh_tensor_is_checked_a_write_into_an_input_is_not():
+    """Only writes that may reach an input (through views and aliasing calls) stop the check."""
+    def graph_of(fn):
+        graphs = []
+        torch._dynamo.reset()
+        torch.compile(fn, backend=lambda gm, _inputs: graphs.append(gm) or gm)(torch.randn(3, 4))
+        return graphs[0]
+
+    def fresh(x):
+        y = x.clone()
+        y[:, 0] = 0
+        return y.mul_(2) + 1
+
+    def into_input(x):
+        x.view(-1)[:2].add_(1)
+        return x * 2
+
+    def through_to(x):
+        y = x.to(torch.float32)  # the same tensor when x is already float32
+        y[0] = 0
+        return y + 1
+
+    assert writes_in_place(graph_of(fresh)) is None
+    assert writes_in_place(graph_of(into_input)) is not None
+    assert writes_in_place(graph_of(through_to)) is not None
 
 
 @pytest.mark.slow
