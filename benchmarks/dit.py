@@ -7,7 +7,9 @@
 For each model (full size: published config, random weights, built directly in bf16 on the GPU;
 batch 1, 4096 image tokens, 256 / 512 text tokens) and each variant, one transformer forward is
 timed (CUDA events, median of ``--repeats`` after ``--warmup``), with compile time (first call
-minus a normal call), peak memory, and relative error / cosine against eager in float64. Eager,
+minus a normal call), peak memory, and relative error / cosine in float64 against a higher-precision
+reference of the same weights (``kopt.reference``: fp32 on a GPU, fp64 on the CPU; eager's own row
+says how far eager bf16 is from it) and against eager (``*_vs_eager``). Eager,
 torch.compile and kopt also get a CFG-pair row (conditional + unconditional call, fresh timestep
 tensor per call). A profiler breakdown (GEMM / attention / norm+elementwise / copies / other,
 launches per forward) is taken per variant, and the hardware ceilings and per-model floors are
@@ -50,9 +52,11 @@ from benchmarks.measure import (
     free_compiled_state,
     peak_memory_gb,
     reset_peak_memory,
+    synchronize,
 )
 from benchmarks.variants import Prepared, Setup, Variant, all_variants, select
 from kopt.kernels import _autotune
+from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
 from kopt.workloads.base import step_factor
 
@@ -154,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
     return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
                 first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
-                launches=None, replay=None, notes=[])
+                rel_err_vs_eager=None, cosine_vs_eager=None, launches=None, replay=None, notes=[])
 
 
 def _as_output(call: str, result: Any) -> torch.Tensor:
@@ -165,16 +169,20 @@ def _as_output(call: str, result: Any) -> torch.Tensor:
 
 
 def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
-                reference: torch.Tensor) -> dict[str, Any]:
-    """Time ``fn`` (first call compiles), compare its output with ``reference``, note peak memory."""
+                reference: torch.Tensor, eager: torch.Tensor) -> dict[str, Any]:
+    """Time ``fn`` (first call compiles), compare its output with the higher-precision ``reference``
+    and with ``eager``'s output, note peak memory."""
     reset_peak_memory(run.device)
     timing, result = benchmark(fn, run.device, warmup=run.args.warmup, repeats=run.args.repeats)
     row = _empty_row(model, variant, call)
-    row.update(compare(_as_output(call, result), reference))
+    output = _as_output(call, result)
+    row.update(compare(output, reference))
+    row.update({f"{key}_vs_eager": value for key, value in compare(output, eager).items()})
     row.update(median_ms=timing.median_ms, compile_s=timing.compile_s, first_call_s=timing.first_call_s,
                samples_ms=[round(s, 4) for s in timing.samples_ms], peak_mem_gb=peak_memory_gb(run.device))
     run.log(f"  {model} {variant} {call}: median {timing.median_ms:.3f} ms, compile {timing.compile_s:.1f} s, "
-            f"rel_err {row['rel_err']}, cosine {row['cosine']}, peak {row['peak_mem_gb']} GB")
+            f"vs reference rel_err {row['rel_err']} cosine {row['cosine']}, vs eager rel_err "
+            f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_mem_gb']} GB")
     return row
 
 
@@ -183,7 +191,8 @@ def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
 
 @dataclasses.dataclass
 class ModelState:
-    """Per model: the workload, the shared model, inputs and eager references."""
+    """Per model: the workload, the shared model, inputs, the higher-precision references and eager's
+    outputs (forward and CFG pair)."""
 
     name: str
     workload: Workload
@@ -192,12 +201,14 @@ class ModelState:
     negative: dict[str, Any]
     reference: torch.Tensor
     reference_cfg: torch.Tensor
+    eager: torch.Tensor
+    eager_cfg: torch.Tensor
 
 
 def stepping_forward(workload: Workload, fn: Any, inputs: dict[str, Any]) -> Any:
     """One forward per call at denoising step 0, 1, 2, ... (``Workload.at_step``).
 
-    The first call uses the reference inputs (its output is compared with eager's); later calls
+    The first call uses the reference inputs (its output is compared with the references); later calls
     must not repeat a timestep value, or kopt's step-invariant memo would hit on every timed call
     and the forward row would measure a cache instead of a denoising step.
     """
@@ -245,7 +256,7 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
     """Forward row, profiler breakdown, CFG-pair row, kopt report; appends rows as they finish."""
     fn = prepared.fn
     forward = measure_row(run, state.name, variant.name, "forward",
-                          stepping_forward(state.workload, fn, state.inputs), state.reference)
+                          stepping_forward(state.workload, fn, state.inputs), state.reference, state.eager)
     forward["notes"] = list(prepared.notes)
     forward["replay"] = replay_status(prepared)
     rows.append(forward)
@@ -259,13 +270,13 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
     run.save(pending=rows)  # the forward row survives a time-out during the CFG measurement
     if variant.cfg_pair:
         pair = stepping_cfg_pair(state.workload, fn, state.inputs, state.negative)
-        cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg)
+        cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg, state.eager_cfg)
         cfg["notes"] = list(prepared.notes)
         cfg["replay"] = replay_status(prepared)
         rows.append(cfg)
     if _uses_staging(prepared):
         hit = measure_row(run, state.name, variant.name, "forward-memo-hit",
-                          repeating_forward(fn, state.inputs), state.reference)
+                          repeating_forward(fn, state.inputs), state.reference, state.eager)
         hit["notes"] = list(prepared.notes) + ["same timestep every call: step-invariant memo hit"]
         if run.args.profile_forwards > 0:  # kernel time and launches of a hit: what the cache removes
             breakdown = profile_breakdown(repeating_forward(fn, state.inputs), run.device, run.args.profile_forwards)
@@ -320,7 +331,9 @@ def over_budget(run: Run, variant: Variant) -> str | None:
 
 
 def build_state(run: Run, name: str) -> ModelState:
-    """Build the model once, its inputs, and the eager references (forward and CFG pair)."""
+    """Build the model once, its inputs, eager's outputs and the higher-precision references (forward
+    and CFG pair): the same weights, each op in float32 on a GPU (float64 on the CPU), weights upcast
+    op by op so that no upcast copy of the model is needed (``kopt.reference``)."""
     workload = get_workload(name)
     size, device, dtype = run.setup.size, run.device, run.setup.dtype
     torch.manual_seed(0)
@@ -329,11 +342,24 @@ def build_state(run: Run, name: str) -> ModelState:
     run.log(f"built {name} ({size}): {params / 1e6:.1f} M parameters, allocated {allocated_gb(device)} GB")
     inputs = workload.inputs(size, device=device, dtype=dtype, seed=0)
     negative = workload.inputs(size, device=device, dtype=dtype, seed=1, negative=True)
-    reference = first_tensor(model(**inputs)).clone()
+    eager = first_tensor(model(**inputs)).clone()
     cond, uncond = workload.cfg_pair(model, inputs, negative)
-    reference_cfg = torch.stack([first_tensor(cond), first_tensor(uncond)]).clone()
-    run.results["per_model"][name] = {"parameters": params, "output_shape": list(reference.shape)}
-    return ModelState(name, workload, model, inputs, negative, reference, reference_cfg)
+    eager_cfg = torch.stack([first_tensor(cond), first_tensor(uncond)]).clone()
+    start = time.perf_counter()
+    stats = ReferenceStats()
+    reference = first_tensor(reference_forward(model, **inputs, stats=stats))
+    synchronize(device)
+    reference_s = time.perf_counter() - start
+    cond, uncond = workload.cfg_pair(lambda **kw: reference_forward(model, **kw), inputs, negative)
+    reference_cfg = torch.stack([first_tensor(cond), first_tensor(uncond)])
+    info = {"parameters": params, "output_shape": list(eager.shape),
+            "reference": {"dtype": str(reference.dtype).removeprefix("torch."), "forward_s": round(reference_s, 3),
+                          "peak_upcast_gb": stats.peak_live_bytes / 1e9},
+            "eager_vs_reference": compare(eager, reference)}
+    run.results["per_model"][name] = info
+    run.log(f"{name}: reference forward ({info['reference']['dtype']}) {reference_s:.2f} s, peak upcast copies "
+            f"{stats.peak_live_bytes / 1e9:.3f} GB; eager vs reference {info['eager_vs_reference']}")
+    return ModelState(name, workload, model, inputs, negative, reference, reference_cfg, eager, eager_cfg)
 
 
 def _count_flops(run: Run, state: ModelState) -> dict[str, Any] | None:

@@ -112,25 +112,28 @@ def _fmt(value: Any, digits: int = 2, scientific: bool = False) -> str:
 def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The main markdown table: one line per (model, variant, call)."""
     lines = ["| model | variant | call | median ms | vs eager | compile s | peak GB | rel err | cosine "
-             "| launches | notes |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| rel err vs eager | cosine vs eager | launches | notes |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in with_speedups(rows):
         speedup = f"{r['speedup_vs_eager']:.2f}×" if r.get("speedup_vs_eager") else "–"
         notes = r.get("status", "ok") if r.get("status", "ok") != "ok" else "; ".join(r.get("notes", []))
         lines.append(f"| {r['model']} | {r['variant']} | {r['call']} | {_fmt(r.get('median_ms'))} | {speedup} "
                      f"| {_fmt(r.get('compile_s'), 1)} | {_fmt(r.get('peak_mem_gb'), 1)} "
                      f"| {_fmt(r.get('rel_err'), 4, scientific=True)} | {_fmt(r.get('cosine'), 6)} "
+                     f"| {_fmt(r.get('rel_err_vs_eager'), 4, scientific=True)} | {_fmt(r.get('cosine_vs_eager'), 6)} "
                      f"| {_fmt(r.get('launches'), 0)} | {notes} |")
     return "\n".join(lines)
 
 
 def short_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The few columns worth a glance at the end of a log."""
-    lines = ["| model | variant | call | median ms | vs eager | compile s | rel err | status |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| model | variant | call | median ms | vs eager | compile s | rel err | cosine | rel err vs eager "
+             "| status |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in with_speedups(rows):
         speedup = f"{r['speedup_vs_eager']:.2f}×" if r.get("speedup_vs_eager") else "–"
         lines.append(f"| {r['model']} | {r['variant']} | {r['call']} | {_fmt(r.get('median_ms'))} | {speedup} "
                      f"| {_fmt(r.get('compile_s'), 1)} | {_fmt(r.get('rel_err'), 4, scientific=True)} "
+                     f"| {_fmt(r.get('cosine'), 6)} | {_fmt(r.get('rel_err_vs_eager'), 4, scientific=True)} "
                      f"| {r.get('status', 'ok')} |")
     return "\n".join(lines)
 
@@ -160,6 +163,12 @@ def _flop(count: int) -> str:
     return f"{count} FLOP"
 
 
+def _reference_dtype(results: Mapping[str, Any]) -> str:
+    dtypes = sorted({info["reference"]["dtype"] for info in results.get("per_model", {}).values()
+                     if info.get("reference")})
+    return "/".join(dtypes) or "float32 on a GPU, float64 on the CPU"
+
+
 def render_markdown(results: Mapping[str, Any]) -> str:
     """The whole report as markdown: header, rows, breakdown, ceilings and floors."""
     meta = results["meta"]
@@ -170,7 +179,9 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"{' (dirty)' if meta.get('git_dirty') else ''}",
         f"{'batch 1, 4096 image tokens' if results['size'] == 'full' else 'tiny configs (timings mean nothing)'}"
         f", {results['dtype']}, one transformer forward; median of {results['repeats']} after "
-        f"{results['warmup']} warm-up; rel err / cosine vs eager in float64.",
+        f"{results['warmup']} warm-up. rel err / cosine: against a higher-precision reference of the same "
+        f"weights ({_reference_dtype(results)}; every op in that precision, weights upcast op by op), in float64; "
+        f"eager's row is eager's own error against it. 'vs eager': against eager's output.",
         "## Rows", rows_table(results["rows"]),
         "## kopt against the best baseline of its precision", summary_table(results),
     ]
@@ -183,6 +194,12 @@ def render_markdown(results: Mapping[str, Any]) -> str:
                   f"FP8 rowwise {c['fp8_rowwise_scaled_mm_tflops']} TFLOP/s · "
                   f"FP8 tensorwise {c['fp8_tensorwise_scaled_mm_tflops']} TFLOP/s"]
     for model, info in results.get("per_model", {}).items():
+        reference, eager = info.get("reference"), info.get("eager_vs_reference")
+        if reference and eager:
+            parts.append(f"**{model}** reference: {reference['dtype']}, one forward {reference['forward_s']} s "
+                         f"(upcast weight copies at most {reference['peak_upcast_gb']:.3f} GB at once); eager "
+                         f"against it: rel err {_fmt(eager['rel_err'], 4, scientific=True)}, cosine "
+                         f"{_fmt(eager['cosine'], 6)}")
         flops, floor = info.get("flops"), info.get("floor")
         if flops:
             parts.append(f"**{model}**: {_flop(flops['total'])} per forward (GEMM {_flop(flops['gemm'])}, "

@@ -6,7 +6,13 @@
 """
 
 from kopt.api import KoptModule, compile, make_backend
-from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError, last_backend_report
+from kopt.backend import (
+    KoptBackend,
+    LoweringCheckFailed,
+    VerificationFailed,
+    WeightsChangedError,
+    last_backend_report,
+)
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
 from kopt.passes.by_example import RewritePass, Rule
@@ -18,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompileOptions", "Contract", "ContractKind", "FunctionPass", "KoptBackend", "KoptModule",
-    "Lowering", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
+    "Lowering", "LoweringCheckFailed", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
     "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",
     "default_pipeline", "last_backend_report", "make_backend",
 ]

@@ -38,7 +38,8 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
                  trace: str | Path | None = None, fuel: int | None = None,
                  memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
-                 cuda_graphs: bool | None = None, progress: bool | None = None) -> KoptBackend:
+                 cuda_graphs: bool | None = None, progress: bool | None = None,
+                 check_lowering: bool | None = None) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
     if fp8:
         if fp8 is not True and not isinstance(fp8, Fp8Config):
@@ -56,6 +57,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
         memo_entries=memo_entries,
         cuda_graphs=cuda_graphs,
         progress=progress,
+        check_lowering=check_lowering,
     )
     return KoptBackend(passes, options)
 
@@ -126,7 +128,8 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = False,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
-            release_weights: bool = False, progress: bool | None = None) -> KoptModule:
+            release_weights: bool = False, progress: bool | None = None,
+            check_lowering: bool | None = None) -> KoptModule:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -134,8 +137,10 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
         passes: ``"auto"`` (the default pipeline), a list mixing pass names and
             :class:`kopt.Pass` objects, or ``[]`` to capture and lower only.
         lower: ``"inductor"`` (default) or ``"eager"`` (run the rewritten graph op by op).
-        verify: on the first call, compare the rewritten graph against the original on the same
-            inputs and fall back to the original if any pass's contract is broken.
+        verify: on the first call, run the rewritten graph op by op and check each output against
+            the contracts of the passes that fired, measured against a higher-precision reference
+            of the same weights with eager beside it (:mod:`kopt.verify`); fall back to the original
+            graph if any contract is broken.
         strict: raise instead of skipping a pass that fails (or a failed verification).
         roles: binding time per forward argument (``{"timestep": "step-invariant"}``); arguments
             not named are inferred from their names, and the report says how.
@@ -158,11 +163,17 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
         progress: show each step of a compile (tracing, capture, each pass, lowering, autotuning) on
             stderr: True, False, or None (default: a status line when stderr is a terminal and logging
             does not already show the ``kopt`` logger's INFO records).
+        check_lowering: on the first call, check the lowered graph's outputs against a
+            higher-precision reference of the same weights (fp64 on the CPU, fp32 on a GPU; one
+            extra forward of that cost, once per compilation) and run the graph as FX if Inductor
+            moved them further from it than the rule of :mod:`kopt.verify` allows (``strict``:
+            raise :class:`kopt.LoweringCheckFailed`). None (default): on for ``lower="inductor"``.
 
     Returns:
         A :class:`KoptModule`; compilation happens at the first call.
     """
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, trace=trace, fuel=fuel,
-                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, progress=progress)
+                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, progress=progress,
+                           check_lowering=check_lowering)
     return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic, release_weights=release_weights)

@@ -20,13 +20,15 @@ from typing import Any
 
 import torch
 
+from kopt.checks import FirstCall, as_record, check_lowering, writes_in_place
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.cuda_graphs import CudaGraphRunner
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
+from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
 from kopt.lower import lower
-from kopt.passes.base import Contract, Fuel, Pass
+from kopt.passes.base import Contract, ContractKind, Fuel, Pass
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import PassSpec, resolve
 from kopt.passes.staging import HOIST_KEY
@@ -44,6 +46,10 @@ class WeightsChangedError(RuntimeError):
 
 class VerificationFailed(RuntimeError):
     """``verify=True`` and ``strict=True``, and the rewritten graph broke a pass's contract."""
+
+
+class LoweringCheckFailed(VerificationFailed):
+    """``strict=True``, and the lowered graph failed its numeric check (:mod:`kopt.checks`)."""
 
 
 def _graph_breaks() -> dict[str, int]:
@@ -70,6 +76,7 @@ class CompiledGraph:
         self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
                               for r in roles]
         self.report.passes, self.report.verification, self.report.fallback = [], [], None
+        self.report.lowering_check, self.report.hazards = None, []
         self.report.memo = None
         self.report.cuda_graphs = None
         self.captured: CapturedGraph | None = None
@@ -82,7 +89,8 @@ class CompiledGraph:
         self.report.lowering = options.lower.value
         log.info("graph %d: captured and rewritten in %.1f s; lowering with %s", self.report.index,
                  self.report.capture_seconds, options.lower.value)
-        if rewritten is not None and self._verified(example_inputs, rewritten):
+        first = FirstCall(self.dynamo_graph, example_inputs, {r.index for r in roles if r.role is Role.CONSTANT})
+        if rewritten is not None and self._verified(first, rewritten):
             try:
                 self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
                 self.captured = rewritten
@@ -96,29 +104,33 @@ class CompiledGraph:
             self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
             if not self.report.fallback:
                 self.report.lowering += " (original graph: no rewrite fired)"
+        if options.checks_lowering:
+            self._check_lowering(first)
         self.report.compile_seconds = time.perf_counter() - start
         log.info("graph %d: lowered in %.1f s", self.report.index, self.report.compile_seconds)
         self.runner = first_call_shows_progress(self.runner, options.progress)  # kernels autotune on it
         self.generation = self.backend.generation
 
-    def _lower_rewritten(self, rewritten: CapturedGraph, user_args: list[Any]) -> Callable[..., Any]:
+    def _lower_rewritten(self, rewritten: CapturedGraph, user_args: list[Any],
+                         lowering: Lowering | None = None) -> Callable[..., Any]:
         """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier."""
         options, graph_module = self.backend.options, rewritten.graph_module
+        lowering = lowering or options.lower
         frontier = graph_module.meta.get(HOIST_KEY)
         if not frontier:
-            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
+            return self._replayed(lower(graph_module, user_args, lowering), user_args)
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
+            return self._replayed(lower(graph_module, user_args, lowering), user_args)
         keys = [user_args[i] for i in split.key_positions]
         with torch.no_grad():
             hoisted = list(split.invariant(*keys))
         log.info("graph %d: lowering the step-invariant stage", self.report.index)
-        invariant = lower(split.invariant, keys, options.lower)
+        invariant = lower(split.invariant, keys, lowering)
         log.info("graph %d: lowering the per-call stage", self.report.index)
-        main = self._replayed(lower(split.main, user_args + hoisted, options.lower), user_args + hoisted)
+        main = self._replayed(lower(split.main, user_args + hoisted, lowering), user_args + hoisted)
         self.report.memo = MemoStats()
         return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)
 
@@ -144,33 +156,85 @@ class CompiledGraph:
                 raise
             self.report.fallback = f"capture failed: {type(error).__name__}: {error}"
             return None
+        self.report.hazards = self._hazards(captured, example_inputs)
         self.report.passes = run_passes(captured.graph_module, self.backend.passes,
                                         graph_index=self.report.index, strict=options.strict,
                                         fuel=self.backend.fuel, trace_dir=options.trace_dir)
         fired = any(record.total_matches for record in self.report.passes)
         return captured if fired else None
 
-    def _verified(self, example_inputs: list[Any], rewritten: CapturedGraph) -> bool:
-        if not self.backend.options.verify:
+    def _hazards(self, captured: CapturedGraph, example_inputs: list[Any]) -> list[PrecisionHazard]:
+        """Precision hazards of the captured graph, before any pass (an analysis never breaks a model)."""
+        try:
+            return find_precision_hazards(captured.graph_module, captured.user_args(example_inputs))
+        except Exception as error:  # noqa: BLE001
+            if self.backend.options.strict:
+                raise
+            log.warning("graph %d: precision hazard analysis failed: %s: %s", self.report.index,
+                        type(error).__name__, error)
+            return []
+
+    def _verified(self, first: FirstCall, rewritten: CapturedGraph) -> bool:
+        """Each output of the rewritten graph (run as FX) within the contracts of the passes that fired,
+        judged against the higher-precision reference with eager beside it (:mod:`kopt.verify`)."""
+        options = self.backend.options
+        if not options.verify:
             return True
         contract = Contract.exact()
         for record, rewrite in zip(self.report.passes, self.backend.passes, strict=True):
             if record.total_matches:
                 contract = contract.combine(rewrite.contract)
-        with torch.no_grad():
-            reference = self.dynamo_graph(*example_inputs)
-            candidate = rewritten.graph_module(*rewritten.user_args(example_inputs))
-        checks = compare(candidate, reference, contract)
-        self.report.verification = [dict(output=c.output, rel_err=c.rel_err, cosine=c.cosine, ok=c.ok,
-                                         verdict=c.verdict) for c in checks]
+        # a bit-identity check needs no reference; computed anyway when the lowering check needs it
+        needs_reference = contract.kind is not ContractKind.EXACT or options.checks_lowering
+        reference = first.reference if needs_reference else None
+        candidate = first.op_by_op(rewritten.graph_module, rewritten.user_args(first.inputs))
+        checks = compare(candidate, first.eager, contract, reference=reference)
+        self.report.verification = [as_record(c) for c in checks]
+        self.report.reference_unavailable = first.unavailable
         failed = [c for c in checks if not c.ok]
         if not failed:
             return True
         self.report.fallback = (f"verification failed against contract {contract.describe()}: "
                                 + "; ".join(f"output {c.output}: {c.verdict}" for c in failed))
-        if self.backend.options.strict:
+        if options.strict:
             raise VerificationFailed(self.report.fallback)
         return False
+
+    def _check_lowering(self, first: FirstCall) -> None:
+        """The lowered graph against the reference on the first call's inputs (:mod:`kopt.checks`);
+        on a failure, run the same graph as FX (``strict``: raise :class:`LoweringCheckFailed`).
+
+        Why FX and not the original graph lowered: the check failed in the lowering, not in the
+        passes (``verify=True`` judges those separately), so the rewritten graph run op by op keeps
+        kopt's rewrites and its memo, and lowering the original graph would trust the same lowering.
+        """
+        options = self.backend.options
+        writes = writes_in_place(self.dynamo_graph)
+        captured = self.captured
+        if captured is not None:
+            args = captured.user_args(first.inputs)
+            check = check_lowering(first, self.runner, args,
+                                   lambda: first.op_by_op(captured.graph_module, args), options.lower.value,
+                                   writes_in_place=writes)
+        else:
+            check = check_lowering(first, self.runner, first.inputs, lambda: first.eager, options.lower.value,
+                                   writes_in_place=writes)
+        self.report.lowering_check = check
+        self.report.reference_unavailable = first.unavailable
+        if check.ok:
+            return
+        reason = f"the graph lowered by {options.lower.value} failed its numeric check: " + "; ".join(
+            f"output {c['output']}: {c['verdict']}" for c in check.outputs if not c["ok"])
+        if options.strict:
+            raise LoweringCheckFailed(reason)
+        if captured is not None:
+            self.runner = self._lower_rewritten(captured, captured.user_args(first.inputs), Lowering.EAGER)
+            check.fallback = "the rewritten graph runs as FX (op by op)"
+        else:
+            self.runner = self.dynamo_graph.forward
+            check.fallback = "the original graph runs op by op"
+        self.report.lowering = f"eager (fallback: {options.lower.value} failed the lowering check)"
+        log.warning("graph %d: %s; %s", self.report.index, reason, check.fallback)
 
     def read_storages(self) -> set[int]:
         """Storages of the weights this graph reads: its rewritten graph's constants, or all of its

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from kopt.passes.pipeline import default_pipeline, opt_in_passes
@@ -34,8 +35,12 @@ def _passes(spec: str) -> str | list[str]:
 
 
 def _workload(name: str) -> str:
+    """A built-in workload name, or ``module:factory`` importable from the current folder (as with
+    ``python -m``: the ``kopt`` script's own folder is on the path, the user's is not)."""
     from kopt.workloads import get_workload
 
+    if ":" in name and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         get_workload(name)
     except (KeyError, ImportError, AttributeError, TypeError) as error:
@@ -58,14 +63,17 @@ def _fp8(args: argparse.Namespace) -> object:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    import torch
+
     from kopt.demo import explain, placement, summary_line
 
     try:
         placement(args.size)
     except ValueError as error:
         raise SystemExit(f"kopt: {error}") from None
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes),
-                     fp8=_fp8(args), progress=args.progress)
+                     fp8=_fp8(args), progress=args.progress, dtype=dtypes[args.dtype] if args.dtype else None)
     if args.json:
         print(json.dumps({**result, "report": result["report"].to_dict()}, indent=1, default=str))
     else:
@@ -86,7 +94,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(result["report"])
         print()
         lines.append(summary_line(result))
-    print("=== summary (output vs eager on fresh random inputs) ===")
+    print("=== summary (fresh random inputs; reference: the same weights in float64) ===")
     print("\n".join(lines))
     return 0
 
@@ -123,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "random weights, on the CPU in float32) or full (the published configuration, "
                               "random weights, on the GPU in bfloat16; refused without a CUDA device)")
     _add_common(explain)
+    explain.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
+                         help="the model's dtype (default: fp32 at tiny size, bf16 at full size); precision "
+                              "hazards show in bf16/fp16")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.add_argument("--fp8", choices=["row", "tensor", "block-1x128", "block-128x128"],
                          help="also quantize the linears to FP8 with this scale granularity")

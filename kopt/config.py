@@ -54,6 +54,9 @@ class CompileOptions:
             inputs are CUDA tensors; None (default) means yes for ``lower="inductor"``.
         progress: show each step of a compile on stderr (:mod:`kopt.progress`): True, False, or None
             (default: a status line when stderr is a terminal).
+        check_lowering: on the first call, check the lowered graph's outputs against a
+            higher-precision reference (:mod:`kopt.checks`) and run the graph as FX if it fails;
+            None (default) means yes for ``lower="inductor"``.
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -66,11 +69,19 @@ class CompileOptions:
     memo_entries: int = 2
     cuda_graphs: bool | None = None
     progress: bool | None = None
+    check_lowering: bool | None = None
 
     @property
     def use_cuda_graphs(self) -> bool:
         """Whether lowered graphs with CUDA inputs are replayed from CUDA graphs."""
         return self.lower is Lowering.INDUCTOR if self.cuda_graphs is None else self.cuda_graphs
+
+    @property
+    def checks_lowering(self) -> bool:
+        """Whether the lowered graph is checked against the reference on its first call."""
+        if self.lower is Lowering.EAGER:
+            return False  # the graph runs as FX: the op-by-op run is the lowering
+        return self.check_lowering is not False
 
     @staticmethod
     def from_environment(**overrides: object) -> CompileOptions:

@@ -47,6 +47,9 @@ class GraphReport:
     weight_refreshes: int = 0
     memo: Any = None  # kopt.fx.staged_program.MemoStats of the step-invariant stage, live
     cuda_graphs: Any = None  # kopt.cuda_graphs.CudaGraphStats of the per-step stage, live (None: not used)
+    lowering_check: Any = None  # kopt.checks.LoweringCheck (None: not checked: lower="eager" or turned off)
+    reference_unavailable: str | None = None  # why checks judged against eager instead of the reference
+    hazards: list[Any] = dataclasses.field(default_factory=list)  # kopt.fx.precision_hazards.PrecisionHazard
 
 
 @dataclasses.dataclass
@@ -103,6 +106,9 @@ def render(report: Report, max_near_misses: int = 5) -> str:
             lines.append(f"  inputs {role}: " + ", ".join(names))
         if graph.fallback:
             lines.append(f"  FALLBACK to the original graph: {graph.fallback}")
+        if graph.hazards:
+            lines.append(f"  precision hazards ({len(graph.hazards)}):")
+            lines += [f"      {hazard.describe()}" for hazard in graph.hazards]
         header = f"  {'pass':<22} {'contract':<24} {'status':<14} {'matches':>7} {'time':>7}  nodes"
         lines.append(header)
         for record in graph.passes:
@@ -121,6 +127,12 @@ def render(report: Report, max_near_misses: int = 5) -> str:
                 lines.append(f"      note: {note}")
         for check in graph.verification:
             lines.append(f"  verify output {check['output']}: {check['verdict']}")
+        if graph.reference_unavailable:
+            lines.append(f"  no higher-precision reference ({graph.reference_unavailable}): judged against eager")
+        if graph.lowering_check is not None:
+            lines.append(f"  {graph.lowering_check.describe()}")
+            for check in graph.lowering_check.outputs:
+                lines.append(f"      output {check['output']}: {check['verdict']}")
         if graph.memo is not None:
             lines.append(f"  step-invariant memo: {graph.memo.hits} hits, {graph.memo.misses} misses, "
                          f"{graph.memo.evictions} evictions")

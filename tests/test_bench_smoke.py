@@ -50,10 +50,14 @@ def test_every_requested_variant_has_a_finite_measured_row(tiny_results: dict, m
         assert row["status"] == "ok", row["status"]
         assert row["rel_err"] is not None and math.isfinite(row["rel_err"])
         assert row["median_ms"] > 0 and row["peak_mem_gb"] is None  # CPU: no peak memory
-    assert _row(tiny_results, model, "eager")["rel_err"] == 0.0
+    eager = _row(tiny_results, model, "eager")
+    # rel_err / cosine: against the float64 reference, where fp32 eager is a little off
+    assert eager["rel_err_vs_eager"] == 0.0 and 0 < eager["rel_err"] < 1e-5
+    assert _row(tiny_results, model, "kopt-eager")["rel_err_vs_eager"] < 1e-5
     assert _row(tiny_results, model, "kopt-eager")["rel_err"] < 1e-5
     assert _row(tiny_results, model, "kopt-eager", "cfg-pair")["rel_err"] < 1e-5
     assert _row(tiny_results, model, "fp8-eager")["cosine"] > 0.9
+    assert _row(tiny_results, model, "fp8-eager")["cosine_vs_eager"] > 0.9
 
 
 @pytest.mark.parametrize("model", ["qwen-image", "flux2"])
@@ -61,7 +65,7 @@ def test_staged_kopt_gets_a_memo_hit_row_that_hits(tiny_results: dict, model: st
     """The repeated-timestep row exists only for variants with a step-invariant stage and matches
     eager; the memo recorded hits (from this row and the CFG pairs' second calls)."""
     hit = _row(tiny_results, model, "kopt-eager", "forward-memo-hit")
-    assert hit["status"] == "ok" and hit["rel_err"] < 1e-5
+    assert hit["status"] == "ok" and hit["rel_err"] < 1e-5 and hit["rel_err_vs_eager"] < 1e-5
     assert not [r for r in tiny_results["rows"] if r["call"] == "forward-memo-hit" and r["variant"] != "kopt-eager"]
     (memo,) = [g["memo"] for g in tiny_results["kopt_reports"][f"{model}/kopt-eager"]["graphs"] if g["memo"]]
     assert memo["hits"] >= 1
@@ -75,6 +79,36 @@ def test_results_carry_breakdown_flops_and_kopt_report(tiny_results: dict) -> No
     assert all(info["flops"]["gemm"] > 0 for info in tiny_results["per_model"].values())
     assert "qwen-image/kopt-eager" in tiny_results["kopt_reports"]
     assert tiny_results["ceilings"] is None  # GPU only
+
+
+def test_rows_and_tables_carry_errors_against_the_reference_and_against_eager(tiny_results: dict) -> None:
+    """Every measured row has both pairs of numbers; the markdown shows both; each model says what its
+    reference was and how far eager is from it."""
+    measured = [r for r in tiny_results["rows"] if r["status"] == "ok"]
+    assert measured and all(r[key] is not None for r in measured
+                            for key in ("rel_err", "cosine", "rel_err_vs_eager", "cosine_vs_eager"))
+    for info in tiny_results["per_model"].values():
+        assert info["reference"]["dtype"] == "float64" and info["eager_vs_reference"]["rel_err"] > 0
+    from benchmarks.results_io import render_markdown, rows_table, short_table
+
+    assert "| rel err | cosine | rel err vs eager | cosine vs eager |" in rows_table(tiny_results["rows"])
+    assert "rel err vs eager" in short_table(tiny_results["rows"])
+    assert "reference: float64" in render_markdown(tiny_results)
+
+
+def test_a_flux1_workload_gets_rows_against_an_fp64_reference(tmp_path: Path) -> None:
+    """``--models`` takes a workload by ``module:factory`` (the zoo's ``flux1`` goes the same way): in bf16
+    with guidance 3.5, eager's own row is 1e-2 off the reference and kopt's rows carry both numbers."""
+    workload = "tests.tiny_flux1:workload"
+    command = [sys.executable, str(REPO / "benchmarks" / "dit.py"), "--size", "tiny", "--device", "cpu",
+               "--dtype", "bf16", "--models", workload, "--variants", "eager,kopt-eager", "--repeats", "1",
+               "--warmup", "0", "--profile-forwards", "0", "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / f"dit-tiny-{workload}.json").read_text())
+    eager, kopt_row = _row(results, workload, "eager"), _row(results, workload, "kopt-eager")
+    assert eager["rel_err"] > 1e-2 and eager["cosine"] < 0.9999 and eager["rel_err_vs_eager"] == 0.0
+    assert kopt_row["rel_err"] is not None and kopt_row["rel_err_vs_eager"] < 2e-2
 
 
 @pytest.mark.parametrize("name, category", [

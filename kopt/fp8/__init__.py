@@ -5,9 +5,9 @@
 """
 
 from kopt.fp8.config import Fp8Config, Granularity, QualityGate
-from kopt.fp8.quality import Quality, measure
+from kopt.fp8.quality import GateVerdict, Quality, judge, measure
 from kopt.fp8.quantize import fake_quantize, quantize
 from kopt.fp8.sensitivity import LayerSensitivity, keep_in_bf16, scan_sensitivity
 
-__all__ = ["Fp8Config", "Granularity", "LayerSensitivity", "Quality", "QualityGate", "fake_quantize",
-           "keep_in_bf16", "measure", "quantize", "scan_sensitivity"]
+__all__ = ["Fp8Config", "GateVerdict", "Granularity", "LayerSensitivity", "Quality", "QualityGate", "fake_quantize",
+           "judge", "keep_in_bf16", "measure", "quantize", "scan_sensitivity"]

@@ -19,12 +19,14 @@ class Granularity(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class QualityGate:
-    """Thresholds a quantized model must meet against its bf16 self, on the workload's inputs.
+    """The error a quantized model may add to eager bf16's, both measured against a higher-precision
+    reference of the same weights (:func:`kopt.fp8.judge`, ``verify=True``).
 
-    SQNR (dB) = 10·log10(‖ref‖² / ‖out − ref‖²) = −20·log10(relative error), so the three are
-    checked together: 0.999 cosine and 25 dB are what rowwise FP8 DiTs reach (the hand-written
-    baseline measured 0.9998 on Qwen-Image and 0.99994 on FLUX.2); a model that misses them needs
-    layers kept in bf16 (:func:`kopt.fp8.scan_sensitivity`).
+    SQNR (dB) = 10·log10(‖ref‖² / ‖out − ref‖²) = −20·log10(relative error): the quantized output's
+    relative error may exceed eager's by ``10**(-min_sqnr_db/20)`` and its angle to the reference
+    eager's by ``acos(min_cosine)``. 0.999 cosine and 25 dB are what rowwise FP8 DiTs reach (the
+    hand-written baseline measured 0.9998 on Qwen-Image and 0.99994 on FLUX.2 against bf16); a model
+    that misses them needs layers kept in bf16 (:func:`kopt.fp8.scan_sensitivity`).
     """
 
     min_cosine: float = 0.999
