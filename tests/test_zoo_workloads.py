@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.variants import compile_regions
 from kopt.workloads import BUILTIN, DIFFUSERS, LLMS, get_workload
 
 # published parameter counts (billions) of the full configurations
@@ -114,3 +115,14 @@ def test_llm_workloads_have_no_timestep_and_return_logits():
         torch.manual_seed(0)
         logits = workload.model("tiny")(**inputs)[0]
         assert logits.shape == (*inputs["input_ids"].shape, workload.model("tiny").config.vocab_size)
+
+
+@pytest.mark.parametrize(("name", "block"), [("sd3", "JointTransformerBlock"), ("llama", "LlamaDecoderLayer"),
+                                             ("flux1", "FluxTransformerBlock")])
+def test_regional_compile_finds_the_blocks_without_repeated_blocks(name, block):
+    """benchmarks' regional torch.compile: diffusers' _repeated_blocks where declared, else the
+    items of the outermost ModuleLists (SD3, LLMs); compiling is lazy, so nothing is lowered here."""
+    model = get_workload(name).model("tiny")
+    notes = compile_regions(model)
+    compiled = {type(m).__name__ for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    assert block in compiled and block in notes
