@@ -192,8 +192,8 @@ def all_variants() -> list[Variant]:
     """Every known variant, in the default run order (model-mutating ones last)."""
     variants = [
         Variant("eager", "eager bf16 (the reference)", _eager, cfg_pair=True, estimate_full_s=20),
-        Variant("torch.compile", "regional torch.compile (compile_repeated_blocks, else each ModuleList block)", _regional_compile,
-                cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
+        Variant("torch.compile", "regional torch.compile (compile_repeated_blocks, else each ModuleList block)",
+                _regional_compile, cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
                 estimate_full_s=420, aliases=("compile-full", "whole")),
     ]
