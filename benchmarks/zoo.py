@@ -165,20 +165,25 @@ def markdown(results: Sequence[ZooResult]) -> str:
     return "\n".join(lines)
 
 
-def write(results: Sequence[ZooResult], out: Path, tag: str | None, seconds: float) -> Path:
+def write(results: Sequence[ZooResult], out: Path, tag: str | None, seconds: float,
+          meta: dict[str, Any] | None = None) -> Path:
+    """``<out>/zoo-cpu[-<tag>].{json,md}``; ``meta`` defaults to this run's (commit, versions, command)."""
     from benchmarks import results_io
 
     out.mkdir(parents=True, exist_ok=True)
     stem = out / ("zoo-cpu" + (f"-{tag}" if tag else ""))
-    record = dict(meta=results_io.run_metadata(torch.device("cpu")), bound_factor=BOUND_FACTOR, floor=FLOOR,
-                  total_seconds=seconds,
+    meta = meta or results_io.run_metadata(torch.device("cpu"))
+    record = dict(meta=meta, bound_factor=BOUND_FACTOR, floor=FLOOR, total_seconds=seconds,
                   rows=[{**dataclasses.asdict(r), "within_bound": r.within_bound, "problems": r.problems}
                         for r in results])
     stem.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    dirty = " (uncommitted changes)" if meta.get("git_dirty") else ""
     header = (f"# Zoo on the CPU: relative error against a float64 copy of the same weights\n\n"
-              f"Tiny configurations, one call each, fresh random inputs (seeded). kopt passes when its error "
-              f"<= {BOUND_FACTOR} x max(eager, torch.compile) + floor (fp32 {FLOOR['fp32']:.1e}, "
-              f"bf16 {FLOOR['bf16']:.1e}) and it ran its rewritten graph (no fallback, no skipped pass). "
+              f"Commit {meta.get('git_commit')}{dirty}, torch {meta.get('torch')}, diffusers {meta.get('diffusers')}, "
+              f"{meta.get('date')}: `{meta.get('command')}`. Tiny configurations, one call each, fresh random "
+              f"inputs (seeded). kopt passes when its error <= {BOUND_FACTOR} x max(eager, torch.compile) + floor "
+              f"(fp32 {FLOOR['fp32']:.1e}, bf16 {FLOOR['bf16']:.1e}) and it ran its rewritten graph (no fallback, "
+              f"no skipped pass). Compile seconds are wall time on a shared 2-core machine. "
               f"Total {seconds:.0f} s.\n\n")
     stem.with_suffix(".md").write_text(header + markdown(results) + "\n")
     return stem
