@@ -77,11 +77,37 @@ def _uncompile_blocks(model: nn.Module) -> None:
             module._compiled_call_impl = None
 
 
+def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
+    """The items of every outermost ``nn.ModuleList`` that have submodules (blocks, not bare linears)."""
+    items: list[nn.Module] = []
+    for child in module.children():
+        if isinstance(child, nn.ModuleList):
+            items += [item for item in child if next(item.children(), None) is not None]
+        else:
+            items += _outermost_list_items(child)
+    return items
+
+
+def compile_regions(model: nn.Module) -> str:
+    """``torch.compile`` (default mode) on each repeated block; returns which blocks, for the notes.
+
+    diffusers' ``compile_repeated_blocks()`` where the model declares ``_repeated_blocks``; otherwise
+    (SD3, Sana, PixArt, transformers LLMs, ...) the same on the blocks of each outermost ModuleList."""
+    if getattr(model, "_repeated_blocks", None):
+        model.compile_repeated_blocks()
+        return ", ".join(model._repeated_blocks)
+    blocks = _outermost_list_items(model)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no ModuleList of blocks")
+    for block in blocks:
+        block.compile()
+    names = sorted({type(block).__name__ for block in blocks})
+    return f"{', '.join(names)} (ModuleList items: the model declares no _repeated_blocks)"
+
+
 def _regional_compile(model: nn.Module, setup: Setup) -> Prepared:
-    """diffusers' ``compile_repeated_blocks()``: ``torch.compile`` (default mode) on each repeated block."""
-    model.compile_repeated_blocks()
-    return Prepared(model, notes=[f"regional: {', '.join(model._repeated_blocks)}"],
-                    undo=lambda: _uncompile_blocks(model))
+    """Regional ``torch.compile``: each repeated block compiled on its own (:func:`compile_regions`)."""
+    return Prepared(model, notes=[f"regional: {compile_regions(model)}"], undo=lambda: _uncompile_blocks(model))
 
 
 def _replayed(prepared: Prepared, setup: Setup) -> Prepared:
@@ -116,8 +142,7 @@ def _fp8(model: nn.Module, setup: Setup, *, compile_blocks: bool, fast_accum: bo
     if fast_accum:
         notes.append("fast FP8 accumulation")
     if compile_blocks:
-        model.compile_repeated_blocks()
-        notes.append("regional torch.compile on top")
+        notes.append(f"regional torch.compile on top: {compile_regions(model)}")
     return Prepared(model, notes=notes, undo=lambda: _uncompile_blocks(model))
 
 
@@ -181,8 +206,8 @@ def all_variants() -> list[Variant]:
     """Every known variant, in the default run order (model-mutating ones last)."""
     variants = [
         Variant("eager", "eager bf16 (the reference)", _eager, cfg_pair=True, estimate_full_s=20),
-        Variant("torch.compile", "regional torch.compile (compile_repeated_blocks)", _regional_compile,
-                cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
+        Variant("torch.compile", "regional torch.compile (compile_repeated_blocks, else each ModuleList block)",
+                _regional_compile, cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
         Variant("torch.compile+graphs", "regional torch.compile, whole forward replayed from a CUDA graph",
                 lambda m, s: _replayed(_regional_compile(m, s), s), cfg_pair=True, estimate_full_s=150,
                 aliases=("compile+graphs",)),

@@ -176,6 +176,16 @@ def test_value_key_distinguishes_values_dtypes_and_shapes():
     assert value_key([torch.tensor([0.0])]) != value_key([torch.tensor([-0.0])])  # different bytes: safe miss
 
 
+def test_value_key_reads_expanded_and_strided_timesteps():
+    """Pipelines that pass the raw timestep (Wan, SD3, CogVideoX) hand over ``t.expand(batch)``: a
+    zero stride, also at batch 1, where ``contiguous()`` keeps it."""
+    t = torch.tensor(500.0)
+    assert value_key([t.expand(1)]) == value_key([torch.tensor([500.0])])
+    assert value_key([t.expand(2)]) == value_key([torch.tensor([500.0, 500.0])])
+    strided = torch.arange(6.0).reshape(2, 3)[:, ::2]
+    assert value_key([strided]) == value_key([strided.contiguous()])
+
+
 def _recreate_every_mm(graph_module, ctx):
     """Replaces each mm by an identical copy (new node names), as an unaware later pass might."""
     for node in list(graph_module.graph.nodes):

@@ -83,7 +83,10 @@ def value_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
         if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
             parts.append((tuple(tensor.shape), tensor.dtype, "meta"))  # no values: shapes are all there is
         elif isinstance(tensor, torch.Tensor):
-            raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+            # a fresh dense copy: ``contiguous()`` keeps the zero stride of ``t.expand(1)`` (a size-1 dim
+            # counts as contiguous whatever its stride), which ``view(uint8)`` refuses
+            flat = tensor.detach().reshape(-1).clone(memory_format=torch.contiguous_format)
+            raw = flat.view(torch.uint8).cpu().numpy().tobytes()
             parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, raw))
         else:
             parts.append(("value", tensor))

@@ -15,6 +15,16 @@ import torch
 Size = Literal["tiny", "full"]
 
 
+def per_thousand(t: torch.Tensor) -> torch.Tensor:
+    """``t / 1000``: the timestep most flow-matching pipelines pass (FLUX, Qwen-Image, Chroma)."""
+    return t / 1000
+
+
+def unscaled(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself: pipelines whose model embeds the raw scheduler timestep."""
+    return t
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """A named model with realistic example inputs.
@@ -26,7 +36,10 @@ class Workload:
         build_inputs: ``(size, device, dtype, generator, negative) -> kwargs`` for one forward call;
             ``negative=True`` gives the unconditional (negative-prompt) half of a CFG pair.
         step_invariant: names of inputs that stay the same across both calls of a CFG pair.
-        timestep_arg: the input that the pipeline rebuilds for every call (``t / 1000``).
+        timestep_arg: the input that the pipeline rebuilds for every call (None: no timestep, e.g. an LLM).
+        pipeline_timestep: what the pipeline passes as ``timestep_arg`` for a scheduler timestep
+            ``t`` in [0, 1000] (already a tensor of the input's dtype): ``t / 1000`` for most flow-matching
+            pipelines, ``t`` itself for those whose model scales it (Wan, SD3, CogVideoX, ...).
     """
 
     name: str
@@ -35,6 +48,7 @@ class Workload:
     build_inputs: Callable[[Size, torch.device, torch.dtype, torch.Generator, bool], dict[str, Any]]
     step_invariant: tuple[str, ...] = ("timestep", "guidance")
     timestep_arg: str | None = "timestep"
+    pipeline_timestep: Callable[[torch.Tensor], torch.Tensor] = per_thousand
 
     def model(self, size: Size = "tiny", *, device: str | torch.device = "cpu",
               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -66,7 +80,10 @@ class Workload:
         never measures a cache of step-invariant work instead of a step."""
         kwargs = dict(inputs)
         if self.timestep_arg is not None and self.timestep_arg in kwargs:
-            kwargs[self.timestep_arg] = kwargs[self.timestep_arg] * step_factor(step)
+            timestep = kwargs[self.timestep_arg]
+            scaled = timestep * step_factor(step)
+            # integer timesteps (DDIM, DPM-Solver schedulers) stay integers
+            kwargs[self.timestep_arg] = scaled if timestep.is_floating_point() else scaled.round().to(timestep.dtype)
         return kwargs
 
     def cfg_pair(self, module: Callable[..., Any], cond: Mapping[str, Any],
@@ -74,7 +91,8 @@ class Workload:
         """Run the classifier-free-guidance pair as the diffusers pipelines do.
 
         Two calls with the same timestep *value*, each with a timestep tensor built anew
-        (``t.expand(batch) / 1000``), so that anything keyed on tensor identity would miss.
+        (``pipeline_timestep(t.expand(batch))``, e.g. ``t / 1000``), so that anything keyed on tensor
+        identity would miss.
         """
         outputs = []
         for kwargs in (cond, uncond):
@@ -82,7 +100,7 @@ class Workload:
             if self.timestep_arg is not None and self.timestep_arg in kwargs:
                 reference = kwargs[self.timestep_arg]
                 step = torch.tensor(t, device=reference.device, dtype=reference.dtype)
-                kwargs[self.timestep_arg] = step.expand(reference.shape[0]) / 1000
+                kwargs[self.timestep_arg] = self.pipeline_timestep(step.expand(reference.shape[0]))
             outputs.append(module(**kwargs))
         return outputs[0], outputs[1]
 
