@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from kopt.agent.canonical import CanonicalText, canonical_text, post_order, upward_hashes, ordered_args
+from kopt.agent.canonical import CanonicalText, canonical_text, ordered_args, post_order, upward_hashes
 from kopt.config import Role
 from kopt.fx.binding_time import binding_times
 from kopt.fx.constants import constant_value

@@ -27,7 +27,7 @@ def _split_top_level(text: str) -> list[str]:
     return [p for p in parts if p]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _argument_types(schema: str) -> tuple[tuple[str, str], ...]:
     """(name, declared type) of each argument of ``schema`` (``aten::view(Tensor(a) self, SymInt[] size)``)."""
     inside = schema[schema.index("(") + 1: schema.rindex(") ->") if ") ->" in schema else schema.rindex(")")]

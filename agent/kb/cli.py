@@ -42,7 +42,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"{kb.path}: {counts['candidates']} candidate records, {counts['regions']} regions, "
               f"{counts['lessons']} lessons, {counts['environments']} environments")
         if records:
-            print(f"{'id':>5}  {'record':<12}  {'region':<12}  {'kind':<16} {'status':<9} {'e2e':>8}  {'age':>5}  reason")
+            print(f"{'id':>5}  {'record':<12}  {'region':<12}  {'kind':<16} {'status':<9} {'e2e':>8}  {'age':>5}  "
+                  "reason")
             print("\n".join(_row(r) for r in records))
     return 0
 

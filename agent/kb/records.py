@@ -155,7 +155,8 @@ class CandidateRecord:
     @staticmethod
     def from_content(data: Mapping, row_id: int | None = None) -> CandidateRecord:
         return CandidateRecord(data["candidate"], data["candidate_hash"], data["region_signature"],
-                               data["environment_key"], Status(data["status"]), data["reason"], data.get("verification"),
+                               data["environment_key"], Status(data["status"]), data["reason"],
+                               data.get("verification"),
                                Measurement.from_dict(data.get("micro")), Measurement.from_dict(data.get("e2e")),
                                data.get("supersedes"), float(data["created_at"]), row_id)
 

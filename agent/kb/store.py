@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from kopt.agent.kb.records import (CandidateRecord, Environment, Lesson, Measurement, Outcome, RegionRecord, Status)
+from kopt.agent.kb.records import CandidateRecord, Environment, Lesson, Measurement, Outcome, RegionRecord, Status
 from kopt.agent.kb.schema import migrate
 
 
@@ -137,7 +137,8 @@ class KnowledgeBase:
                              record.supersedes, record.created_at))
         return cursor.rowcount > 0
 
-    def record_lesson(self, class_key: str, outcome: Outcome, text: str, *, evidence: Iterable[CandidateRecord | str] = (),
+    def record_lesson(self, class_key: str, outcome: Outcome, text: str, *,
+                      evidence: Iterable[CandidateRecord | str] = (),
                       region_signature: str | None = None, environment: Environment | None = None,
                       created_at: float | None = None) -> Lesson:
         """Store a lesson for a region class, linking the evaluations that show it."""
@@ -149,8 +150,8 @@ class KnowledgeBase:
         return self.lesson(lesson.record_hash)
 
     def _insert_lesson(self, db: sqlite3.Connection, lesson: Lesson) -> bool:
-        cursor = db.execute("INSERT OR IGNORE INTO lessons (record_hash, class_key, region_signature, outcome, content, "
-                            "environment_key, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        cursor = db.execute("INSERT OR IGNORE INTO lessons (record_hash, class_key, region_signature, outcome, "
+                            "content, environment_key, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (lesson.record_hash, lesson.class_key, lesson.region_signature, lesson.outcome.value,
                              json.dumps(lesson.content()), lesson.environment_key, lesson.created_at))
         return cursor.rowcount > 0
@@ -228,7 +229,8 @@ class KnowledgeBase:
 
     def has_evaluated(self, candidate: object, environment: Environment | None = None) -> bool:
         """Whether this proposal (by content hash) was already evaluated (in ``environment``, if given)."""
-        query = "SELECT 1 FROM candidates WHERE candidate_hash = ?" + (" AND environment_key = ?" if environment else "")
+        query = "SELECT 1 FROM candidates WHERE candidate_hash = ?"
+        query += " AND environment_key = ?" if environment else ""
         args = (candidate.content_hash,) + ((environment.key,) if environment else ())
         return self._db.execute(query + " LIMIT 1", args).fetchone() is not None
 

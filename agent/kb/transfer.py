@@ -50,10 +50,11 @@ def export_lines(kb: KnowledgeBase) -> Iterator[str]:
 
 def export(kb: KnowledgeBase, stream: IO[str]) -> int:
     """Write the export to ``stream``; returns the number of records written."""
-    count = -1
-    for count, line in enumerate(export_lines(kb)):
+    lines = 0
+    for line in export_lines(kb):
         stream.write(line + "\n")
-    return count
+        lines += 1
+    return lines - 1  # the header is not a record
 
 
 @dataclasses.dataclass
@@ -67,8 +68,8 @@ class ImportCounts:
 
     def __str__(self) -> str:
         kinds = sorted(set(self.added) | set(self.skipped))
-        return ", ".join(f"{k}: {self.added.get(k, 0)} added, {self.skipped.get(k, 0)} already present" for k in kinds) \
-            or "nothing to import"
+        parts = [f"{k}: {self.added.get(k, 0)} added, {self.skipped.get(k, 0)} already present" for k in kinds]
+        return ", ".join(parts) or "nothing to import"
 
 
 def _check_hash(kind: str, stated: str, actual: str, number: int) -> None:

@@ -48,7 +48,8 @@ def _strides_match(got: Sequence[int], want: Sequence[int], shape: Sequence[int]
     return all(g == w for g, w, size in zip(got, want, shape, strict=True) if size > 1)
 
 
-def structure_checks(trial: int, described: list[dict] | None, ref: Reference, convention: Convention) -> list[CheckResult]:
+def structure_checks(trial: int, described: list[dict] | None, ref: Reference,
+                     convention: Convention) -> list[CheckResult]:
     """dtype, shape, strides and shared memory of what the candidate returned, against the original."""
     if convention is Convention.OUT or described is None:
         return []
@@ -86,8 +87,9 @@ def value_checks(trial: int, outputs: list[torch.Tensor], ref: Reference, candid
                  config: VerifyConfig) -> list[CheckResult]:
     """Each output against the contract (see :mod:`kopt.agent.verify.compare`)."""
     checks = []
-    for index, (got, native, exact) in enumerate(zip(outputs, ref.native, ref.exact, strict=True)):
-        result = compare(got, native, exact, candidate.contract, config.element_slack, config.row_slack)
+    for index, (got, native, exact, moved) in enumerate(zip(outputs, ref.native, ref.exact, ref.sensitivity,
+                                                            strict=True)):
+        result = compare(got, native, exact, candidate.contract, config.slack, moved)
         checks.append(CheckResult("values", result.ok, f"output {index}: {result.detail}", trial,
                                   result.numbers()))
     return checks

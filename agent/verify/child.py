@@ -1,9 +1,10 @@
 """The verifier's child process: load one untrusted candidate behind the walls and call it.
 
-Run as ``python -I child.py WORKDIR`` with the nonce on stdin; reads ``WORKDIR/manifest.json``
-(written by :mod:`kopt.agent.verify.workdir`). Standard library and torch only: the child never
-imports kopt, and never sees a reference output (the parent computes references after the child
-has exited), so there is nothing in it to read or copy.
+Run as ``python -I child.py WORKDIR`` with the nonce on stdin, or forked from the fork server
+(:mod:`zygote`, which has torch imported already) with the same arguments; reads
+``WORKDIR/manifest.json`` (written by :mod:`kopt.agent.verify.workdir`). Standard library and torch
+only: the child never imports kopt, and never sees a reference output (the parent computes
+references after the child has exited), so there is nothing in it to read or copy.
 
 Order matters, and each step says why it sits where it does:
 
@@ -112,12 +113,11 @@ def _setup(manifest):
     return guard, torch, notes, sets, calls
 
 
-def main():  # noqa: C901, PLR0915 - one straight sequence, commented step by step
+def run(workdir, nonce):  # noqa: C901, PLR0915 - one straight sequence, commented step by step
+    """Verify or time one candidate as ``WORKDIR/manifest.json`` says; write the report; exit."""
     sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; the walls allow no writes
-    workdir = sys.argv[1]
     with open(os.path.join(workdir, "manifest.json")) as handle:
         manifest = json.load(handle)
-    nonce = sys.stdin.readline().strip()
     out_fd = os.dup(1)
     guard, torch, notes, sets, calls = _setup(manifest)
     status_fd = os.open("/proc/self/status", os.O_RDONLY)
@@ -133,7 +133,7 @@ def main():  # noqa: C901, PLR0915 - one straight sequence, commented step by st
     storage_of, storage_ptr, copy, is_float = tb.untyped_storage, torch._C.StorageBase.data_ptr, tb.copy_, \
         tb.is_floating_point
     full, nan, tensor_type = torch.full, float("nan"), torch.Tensor
-    exact_type, len_, str_, tuple_, list_, range_, zip_ = type, len, str, tuple, list, range, zip
+    exact_type, len_, str_, tuple_, list_, zip_ = type, len, str, tuple, list, zip
     enumerate_, int_, float_, bool_, dict_, repr_, any_, callable_ = enumerate, int, float, bool, dict, repr, any, \
         callable
     perf_ns, sleep, pread, write, exit_now = time.perf_counter_ns, time.sleep, os.pread, os.write, os._exit
@@ -176,7 +176,7 @@ def main():  # noqa: C901, PLR0915 - one straight sequence, commented step by st
         if kind in (list_, tuple_):
             return "[" + ", ".join(to_json(v) for v in value) + "]"
         if kind is str_:
-            return '"' + "".join(c if (c.isprintable() and c not in '"\\') else "\\u%04x" % ord(c)
+            return '"' + "".join(c if (c.isprintable() and c not in '"\\') else f"\\u{ord(c):04x}"
                                  for c in value) + '"'
         if kind is bool_ or value is None:
             return {True: "true", False: "false", None: "null"}[value]
@@ -274,4 +274,4 @@ def main():  # noqa: C901, PLR0915 - one straight sequence, commented step by st
 
 
 if __name__ == "__main__":
-    main()
+    run(sys.argv[1], sys.stdin.readline().strip())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from kopt.agent.verify.compare import Slack
+
 
 @dataclasses.dataclass(frozen=True)
 class VerifyConfig:
@@ -17,9 +19,9 @@ class VerifyConfig:
             1823 x 781 are scaled down to fit; the captured shapes are used as they are if they fit).
         nonfinite_inputs: include trials whose inputs hold NaN and +-inf, so a candidate must
             propagate them where the original does (and must not invent them where it does not).
-        element_slack: how many times the allowed error one element may deviate, measured against
-            its own magnitude plus its row's RMS (catches partial writes a norm would average away).
-        row_slack: how many times the allowed relative error one row (the last dim) may have.
+        slack: the factors of the numeric rules (:class:`kopt.agent.verify.compare.Slack`): how many
+            times the original's own error a candidate may have, and how far one row or one element
+            may exceed the bound (catching partial writes a norm would average away).
         seed: fix the trial plan and input values (None: fresh randomness every verification).
         timeout_s: wall-clock limit of the whole child process (startup, import, every trial).
         call_timeout_s: limit of one call (a candidate that sleeps is stopped here).
@@ -34,8 +36,7 @@ class VerifyConfig:
     shape_trials: int = 6
     max_elements: int = 1 << 16
     nonfinite_inputs: bool = True
-    element_slack: float = 4.0
-    row_slack: float = 2.0
+    slack: Slack = Slack()
     seed: int | None = None
     timeout_s: float = 120.0
     call_timeout_s: float = 20.0

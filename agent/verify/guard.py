@@ -120,7 +120,8 @@ _DENIED_EVENTS = frozenset({
     "os.system", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.kill", "os.killpg",
     "subprocess.Popen", "pty.spawn", "signal.pthread_kill", "sys._current_frames",
     "sys.settrace", "sys.setprofile", "sys.addaudithook", "gc.get_objects", "gc.get_referrers",
-    "gc.get_referents", "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.symlink",
+    "gc.get_referents", "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+    "os.symlink",
     "os.link", "os.utime", "os.putenv", "os.unsetenv", "os.chdir", "mmap.__new__", "resource.setrlimit",
     "resource.prlimit", "builtins.input", "webbrowser.open", "urllib.Request", "http.client.connect",
     "sqlite3.connect", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "shutil.rmtree",
@@ -212,7 +213,8 @@ class Integrity:
     MODULES = ("builtins", "time", "os", "sys", "gc", "threading", "_thread", "math", "json", "torch",
                "torch.nn.functional", "torch.testing", "torch.cuda", "torch.library", "torch.overrides", "numpy")
     DISPATCHED = ("aten::copy_", "aten::clone", "aten::full", "aten::as_strided", "aten::view", "aten::fill_",
-                  "aten::empty.memory_format", "aten::empty_strided", "aten::equal", "aten::allclose", "aten::isfinite", "aten::sub.Tensor",
+                  "aten::empty.memory_format", "aten::empty_strided", "aten::equal", "aten::allclose", "aten::isfinite",
+                  "aten::sub.Tensor",
                   "aten::abs", "aten::max", "aten::eq.Tensor", "aten::set_.source_Storage_storage_offset")
 
     def __init__(self, torch: object) -> None:

@@ -21,6 +21,7 @@ from kopt.agent.region import Region
 from kopt.agent.sizes import SizeSymbols
 from kopt.agent.verify.config import VerifyConfig
 from kopt.agent.verify.values import Profile
+from kopt.passes.base import Contract, ContractKind
 
 AWKWARD_SIZES = (1, 2, 3, 5, 7, 13, 17, 31, 61, 127, 257, 781, 1823)
 _HYPOTHESIS_LOCK = threading.Lock()  # hypothesis' engine is not meant to run in two threads at once
@@ -114,29 +115,53 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _drawn_sizes(free: tuple[int, ...], count: int, seed: int | None) -> list[tuple[dict[int, int], tuple, int]]:
-    """``count`` (sizes, per-input profile indices, value seed) drawn by hypothesis."""
-    import hypothesis
-    from hypothesis import strategies as st
+    """``count`` (sizes, per-input profile indices, value seed) drawn by hypothesis (by ``random`` from
+    the same size list when hypothesis is not installed: ``pip install kopt[agent]`` brings it)."""
+    try:
+        import hypothesis
+        from hypothesis import strategies as st
+    except ImportError:
+        rng = random.Random(seed) if seed is not None else random.SystemRandom()
+        return [({i: rng.choice(AWKWARD_SIZES) if rng.random() < 0.5 else rng.randint(1, 2048) for i in free},
+                 tuple(rng.randrange(64) for _ in range(8)), rng.randrange(2**31)) for _ in range(count)]
 
     drawn: list = []
     size = st.one_of(st.sampled_from(AWKWARD_SIZES), st.integers(1, 2048))
 
     @hypothesis.settings(max_examples=count, database=None, phases=[hypothesis.Phase.generate], deadline=None,
-                         suppress_health_check=list(hypothesis.HealthCheck), derandomize=seed is not None)
+                         suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(sizes=st.fixed_dictionaries({i: size for i in free}),
-                      profiles=st.lists(st.integers(0, 63), min_size=8, max_size=8), value_seed=st.integers(0, 2**31 - 1))
+                      profiles=st.lists(st.integers(0, 63), min_size=8, max_size=8),
+                      value_seed=st.integers(0, 2**31 - 1))
     def collect(sizes, profiles, value_seed):
         drawn.append((sizes, tuple(profiles), value_seed))
+
+    if seed is not None:
+        collect = hypothesis.seed(seed)(collect)
 
     with _HYPOTHESIS_LOCK:
         collect()
     return drawn[:count]
 
 
-def plan_trials(region: Region, *, shape_specialized: bool, config: VerifyConfig) -> tuple[list[TrialPlan], list[str]]:
-    """The trials for one verification, and notes for the log (what could not vary, and why)."""
-    rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
+def profiles_for(contract: Contract, config: VerifyConfig) -> list[Profile]:
+    """The value profiles a candidate under ``contract`` must survive. A quality contract (FP8) gives
+    up precision by design and is judged on representative data, as the quality gate judges a model:
+    the ``offset`` profile (a mean 1000 times the spread), built to break low-precision arithmetic,
+    is left out for it; every other profile, NaN propagation included, still applies."""
     profiles = [p for p in Profile if config.nonfinite_inputs or p is not Profile.NONFINITE]
+    if contract.kind is ContractKind.QUALITY:
+        profiles.remove(Profile.OFFSET)
+    return profiles
+
+
+def plan_trials(region: Region, *, shape_specialized: bool, config: VerifyConfig,
+                contract: Contract | None = None) -> tuple[list[TrialPlan], list[str]]:
+    """The trials for one verification (for a candidate under ``contract``, default a tolerance), and
+    notes for the log (what could not vary, and why)."""
+    contract = contract or Contract.tolerance(1e-5)
+    rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
+    profiles = profiles_for(contract, config)
     notes: list[str] = []
     free, fixed_note = ((), "") if shape_specialized else free_symbols(region)
     if fixed_note:

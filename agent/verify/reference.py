@@ -27,12 +27,17 @@ class Reference:
         native: outputs in the region's own dtypes (what it computes today).
         exact: outputs in float64 (its mathematics without intermediate rounding), or ``native``
             where float64 promotion does not run (``exact_note`` says why).
+        sensitivity: per output, ``|R(x~) - R(x)|`` in float64 where ``x~`` is the inputs perturbed by
+            their dtype's unit roundoff: how much the exact result moves when the inputs are rounded
+            once more. A backward-stable implementation in the inputs' precision errs by about this
+            much, so the comparison allows a few times it (see :mod:`kopt.agent.verify.compare`).
         input_aliases: per output, the inputs whose storage it shares (a view of an input).
         output_overlaps: per output, the other outputs whose memory it overlaps.
     """
 
     native: tuple[torch.Tensor, ...]
     exact: tuple[torch.Tensor, ...]
+    sensitivity: tuple[torch.Tensor | None, ...]
     input_aliases: tuple[frozenset[int], ...]
     output_overlaps: tuple[frozenset[int], ...]
     exact_note: str = ""
@@ -82,10 +87,29 @@ def reference(region: Region, plan: TrialPlan, inputs: list[torch.Tensor]) -> Re
     except Exception as error:  # noqa: BLE001 - an op without a float64 kernel: fall back, and say so
         exact, note = native, f"no float64 reference ({type(error).__name__}: {str(error)[:120]}); compared with " \
                               "the original's own outputs"
+    sensitivity = _sensitivity(region, plan, inputs, exact) if not note else tuple(None for _ in native)
     storages = [t.untyped_storage().data_ptr() for t in inputs]
     aliases = tuple(frozenset(j for j, s in enumerate(storages) if s == o.untyped_storage().data_ptr())
                     for o in native)
     spans = [_footprint(o) for o in native]
-    overlaps = tuple(frozenset(j for j, (lo, hi) in enumerate(spans) if j != i and lo < spans[i][1] and spans[i][0] < hi)
-                     for i in range(len(native)))
-    return Reference(tuple(native), tuple(exact), aliases, overlaps, note)
+    overlaps = tuple(frozenset(j for j, (lo, hi) in enumerate(spans)
+                               if j != i and lo < spans[i][1] and spans[i][0] < hi) for i in range(len(native)))
+    return Reference(tuple(native), tuple(exact), sensitivity, aliases, overlaps, note)
+
+
+def _sensitivity(region: Region, plan: TrialPlan, inputs: list[torch.Tensor],
+                 exact: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | None, ...]:
+    """|R(x~) - R(x)| for inputs perturbed by one unit roundoff of their dtype (float64 throughout)."""
+    generator = torch.Generator().manual_seed(plan.seed ^ 0x5EED)
+    perturbed = []
+    for tensor in inputs:
+        if not tensor.is_floating_point():
+            perturbed.append(tensor)
+            continue
+        wide = tensor.double()
+        noise = torch.rand(wide.shape, generator=generator, dtype=torch.float64) * 2 - 1
+        perturbed.append(wide * (1 + noise * (torch.finfo(tensor.dtype).eps / 2)))
+    moved = run_region(region.graph_module, perturbed, symbols=symbols_of(region), resize=dict(plan.resize),
+                       promote=torch.float64)
+    return tuple((m.double() - e.double()).abs() if e.is_floating_point() else None for m, e in zip(moved, exact,
+                                                                                                     strict=True))

@@ -1,5 +1,7 @@
 """Start the child in its own session with a scrubbed environment, bound its time, read its report.
 
+By default the child is forked from a fork server that has torch imported already (a second saved
+per candidate); ``fresh_interpreter=True`` starts a new interpreter instead (timing runs do).
 The environment holds nothing from the parent's but what a numeric library needs (no API keys, no
 proxies, no ``KOPT_CACHE_DIR``: ``HOME`` and ``TMPDIR`` point into the work folder). The child
 runs in a new session, so the whole process group is killed when it overruns ``timeout_s`` and
@@ -72,11 +74,19 @@ def _report(text: str, nonce: str) -> dict | None:
     return report if isinstance(report, dict) else None
 
 
-def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None = None) -> ChildRun:
-    """Run the child on the prepared work folder ``root`` and collect its report."""
+def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None = None,
+              fresh_interpreter: bool = False) -> ChildRun:
+    """Run the child on the prepared work folder ``root`` and collect its report: forked from the fork
+    server (:mod:`kopt.agent.verify.forkserver`), or as a new interpreter with ``fresh_interpreter``."""
     nonce = secrets.token_hex(16)
     stdout_path, stderr_path = root / "stdout.txt", root / "stderr.txt"
     started = time.monotonic()
+    if not fresh_interpreter:
+        from kopt.agent.verify.forkserver import server
+
+        template = child_environment(root.parent, threads)
+        returncode, timed_out = server(python, template).run(root, nonce, child_environment(root, threads), timeout_s)
+        return _collect(stdout_path, stderr_path, nonce, returncode, timed_out, time.monotonic() - started)
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen([python or sys.executable, "-I", str(CHILD), str(root)], stdin=subprocess.PIPE,
                                    stdout=stdout, stderr=stderr, cwd=str(root / "home"),
@@ -94,9 +104,13 @@ def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None 
             _kill_group(process.pid)
             process.wait()
         _kill_group(process.pid)
-    elapsed = time.monotonic() - started
-    text = stdout_path.read_bytes().decode(errors="replace")
-    errors = stderr_path.read_bytes()[-_TAIL:].decode(errors="replace")
+    return _collect(stdout_path, stderr_path, nonce, process.returncode, timed_out, time.monotonic() - started)
+
+
+def _collect(stdout_path: Path, stderr_path: Path, nonce: str, returncode: int | None, timed_out: bool,
+             elapsed: float) -> ChildRun:
+    text = stdout_path.read_bytes().decode(errors="replace") if stdout_path.exists() else ""
+    errors = stderr_path.read_bytes()[-_TAIL:].decode(errors="replace") if stderr_path.exists() else ""
     report = None if timed_out else _report(text, nonce)
     visible = text.replace(nonce, "<nonce>")
-    return ChildRun(report, process.returncode, timed_out, elapsed, errors, visible[-_TAIL:] if report is None else "")
+    return ChildRun(report, returncode, timed_out, elapsed, errors, visible[-_TAIL:] if report is None else "")

@@ -74,7 +74,8 @@ def _nonfinite(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     return torch.where(pick, choices[index], values)
 
 
-def float_values(shape: Sequence[int], dtype: torch.dtype, profile: Profile, generator: torch.Generator) -> torch.Tensor:
+def float_values(shape: Sequence[int], dtype: torch.dtype, profile: Profile,
+                 generator: torch.Generator) -> torch.Tensor:
     """Values of ``profile`` for a float tensor, generated in float64, returned in ``dtype``."""
     count = 1
     for size in shape:

@@ -84,15 +84,17 @@ def _trial_checks(run: ChildRun, work: WorkDir, region: Region, candidate: Candi
     return checks, log
 
 
-def verify(region: Region, candidate: Candidate, config: VerifyConfig = VerifyConfig(),
+def verify(region: Region, candidate: Candidate, config: VerifyConfig | None = None,
            timing: TimingConfig | None = None) -> Verdict:
     """Accept ``candidate`` as a replacement for ``region`` only if every check passes on every
     trial; with ``timing``, an accepted candidate is then timed (:func:`time_candidate`)."""
+    config = config or VerifyConfig()
     started = time.monotonic()
     checks = static_checks(region, candidate)
     if not checks[0].passed:
         return decide(checks, 0, time.monotonic() - started, "")
-    plans, notes = plan_trials(region, shape_specialized=candidate.shape_specialized, config=config)
+    plans, notes = plan_trials(region, shape_specialized=candidate.shape_specialized, config=config,
+                               contract=candidate.contract)
     log = list(notes) + [f"trial {i}: {p.describe()}" for i, p in enumerate(plans)]
     with tempfile.TemporaryDirectory(prefix="kopt-verify-") as folder:
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=1, warmup=0)
@@ -109,19 +111,20 @@ def verify(region: Region, candidate: Candidate, config: VerifyConfig = VerifyCo
     return verdict
 
 
-def time_candidate(region: Region, candidate: Candidate, config: VerifyConfig = VerifyConfig(),
-                   timing: TimingConfig = TimingConfig()) -> tuple[Timing | None, list[CheckResult]]:
+def time_candidate(region: Region, candidate: Candidate, config: VerifyConfig | None = None,
+                   timing: TimingConfig | None = None) -> tuple[Timing | None, list[CheckResult]]:
     """Time ``candidate`` at the region's own shapes in a fresh child process: the harness reads the
     clock around each call (the candidate cannot patch it: it was bound before the candidate was
     loaded, and any patch is reported), every call gets its own freshly generated input set, and
     every timed call's output is checked, so caching and work hidden after the return both fail."""
-    seed = config.seed if config.seed is not None else None
-    plans = [TrialPlan((), (Profile.NORMAL,) * len(region.inputs), (seed or time.time_ns()) % 2**31 + k)
-             for k in range(timing.input_sets)]
+    config, timing = config or VerifyConfig(), timing or TimingConfig()
+    base = config.seed if config.seed is not None else time.time_ns() % 2**31
+    plans = [TrialPlan((), (Profile.NORMAL,) * len(region.inputs), base + k) for k in range(timing.input_sets)]
     with tempfile.TemporaryDirectory(prefix="kopt-time-") as folder:
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=timing.rounds,
                         warmup=timing.warmup)
-        run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python)
+        run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python,
+                        fresh_interpreter=True)
         checks, _ = _trial_checks(run, work, region, candidate, config, plans, timing.warmup)
     checks = [CheckResult(f"timing-{c.name}", c.passed, c.detail, c.trial, c.numbers) for c in checks]
     if run.report is None or not all(c.passed for c in checks):

@@ -9,13 +9,22 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from kopt.agent.kb import (CorruptExport, KnowledgeBase, Measurement, Outcome, Status, UnknownRecord, default_path,
-                           export, import_lines, prune)
+from kopt.agent.kb import (
+    CorruptExport,
+    KnowledgeBase,
+    Measurement,
+    Outcome,
+    Status,
+    UnknownRecord,
+    default_path,
+    export,
+    import_lines,
+    prune,
+)
 from kopt.agent.kb import schema as kb_schema
 from tests.agent.kb_helpers import GPU_ENV, candidate_for, scaled_gelu_region
 
@@ -59,7 +68,8 @@ def test_record_and_query_for_the_loop(kb):
     lost = kb.record_candidate(second, status=Status.SLOWER, reason="0.2% slower", environment=GPU_ENV)
     assert [r.record_hash for r in kb.accepted(region.signature, GPU_ENV)] == [won.record_hash]
     assert kb.accepted(region.signature, kb.record_environment()) == []  # another environment knows nothing yet
-    assert {r.candidate_hash for r in kb.latest(signature=region.signature)} == {first.content_hash, second.content_hash}
+    latest = {r.candidate_hash for r in kb.latest(signature=region.signature)}
+    assert latest == {first.content_hash, second.content_hash}
     assert kb.has_evaluated(first, GPU_ENV) and not kb.has_evaluated(candidate_for(region, 3))
     assert kb.candidate(won.id).e2e == speedup and kb.candidate(won.record_hash[:10]).status is Status.ACCEPTED
     lesson = kb.record_lesson(region.class_key, Outcome.WORKED, "fusing the bias into gelu pays at width 32",
@@ -130,20 +140,21 @@ def test_migration_path_upgrades_old_files_and_refuses_newer_ones(tmp_path, monk
 
 def test_two_processes_write_at_once(tmp_path):
     """Two real processes, each recording 60 evaluations and 6 lessons into one new file at the same
-    time: every record lands exactly once, nothing fails, and the writes did interleave."""
+    time (both create and migrate it, then start writing together): every record lands exactly once,
+    nothing fails, and the writes did interleave."""
     path = tmp_path / "shared.sqlite"
-    go = time.time() + 12.0  # both have imported torch and traced their region by then
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     workers = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "agent" / "kb_writer.py"), str(path), str(w),
-                                 "60", str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                 "60", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                for w in (1, 2)]
     outputs = [w.communicate(timeout=240) for w in workers]
     for worker, (_, errors) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, errors[-2000:]
     first, second = ([tuple(map(float, line.split())) for line in out.splitlines()] for out, _ in outputs)
     assert len(first) == len(second) == 60
-    overlap = min(first[-1][1], second[-1][1]) - max(first[0][0], second[0][0])
-    assert overlap > 0, "the two writers did not run at the same time"
+    order = [who for _, who in sorted([(start, 1) for start, _ in first] + [(start, 2) for start, _ in second])]
+    switches = sum(1 for a, b in zip(order, order[1:]) if a != b)
+    assert switches >= 10, f"the two writers barely interleaved ({switches} switches)"
     with KnowledgeBase(path) as kb:
         assert kb.counts() == {"environments": 1, "regions": 1, "candidates": 120, "lessons": 12}
         assert len({r.candidate_hash for r in kb.candidates()}) == 120

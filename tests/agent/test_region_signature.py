@@ -123,7 +123,7 @@ def test_class_key_ignores_sizes_but_not_dtype_or_broadcasting():
     resized = regions.from_function(_norm_modulate, *_examples(b=3, s=781, d=64))
     assert resized.signature != base.signature and resized.class_key == base.class_key
     assert regions.from_function(_norm_modulate, *_examples(dtype=torch.float16)).class_key != base.class_key
-    x, w, shift, scale = _examples()
+    x, w, _, scale = _examples()
     per_token = regions.from_function(_norm_modulate, x, w, torch.randn(2, 8, 16), scale)
     assert per_token.class_key != base.class_key
 

@@ -1,7 +1,6 @@
 """region: linear_bias
 expect: accept
 why: the reduction over K accumulated in chunks of 17 (another summation order)."""
-import torch
 
 
 def candidate(b, x, w):

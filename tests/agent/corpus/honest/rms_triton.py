@@ -4,7 +4,6 @@ convention: out
 kind: triton-kernel
 max_elements: 8192
 why: one Triton program per block of rows, masked for any width; run by the Triton interpreter on the CPU."""
-import torch
 import triton
 import triton.language as tl
 

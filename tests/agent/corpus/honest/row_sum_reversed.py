@@ -1,7 +1,6 @@
 """region: row_sum
 expect: accept
 why: the columns summed in reverse order, in float64, rounded once."""
-import torch
 
 
 def candidate(x):

@@ -4,7 +4,6 @@ convention: out
 kind: triton-kernel
 max_elements: 8192
 why: the Triton tutorial's fused softmax with row blocks and masks, under the Triton interpreter."""
-import torch
 import triton
 import triton.language as tl
 

@@ -1,8 +1,9 @@
 """region: softmax
 expect: load
 why: imports kopt to rebuild the region and run the reference itself (kopt is not readable in the sandbox)."""
-import kopt.agent.region  # noqa: F401
 import torch
+
+import kopt.agent.region  # noqa: F401
 
 
 def candidate(x):

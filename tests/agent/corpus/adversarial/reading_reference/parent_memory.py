@@ -3,8 +3,6 @@ expect: sandbox, runs
 why: opens the parent process's memory through /proc to search it."""
 import os
 
-import torch
-
 
 def candidate(x):
     with open(f"/proc/{os.getppid()}/mem", "rb") as handle:
