@@ -30,6 +30,10 @@ from kopt.fx.constants import constant_value
 
 INLINE_CONSTANT_NUMEL = 16
 _TUPLE_VALUED = (torch.ops.aten.var_mean.correction, torch.ops.aten.native_layer_norm.default)
+# Value-preserving wrappers that tracing inserts around constants (``lift_fresh_copy``) and autograd
+# boundaries (``detach``); in an inference region they change nothing, and tracing a region's own
+# source adds them again in another arrangement, so the canonical form leaves them out.
+_TRANSPARENT = (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh_copy.default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,12 +176,15 @@ def extract(graph_module: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node],
             else:
                 env[arg] = _placeholder(raw, arg, roles.get(arg, Role.PER_CALL))
     for node in members:
-        env[node] = raw.node_copy(node, env.__getitem__)
+        if node.target in _TRANSPARENT and isinstance(node.args[0], torch.fx.Node):
+            env[node] = env[node.args[0]]
+        else:
+            env[node] = raw.node_copy(node, env.__getitem__)
     for node in outputs:
         _tensor(node)
     raw.output(tuple(env[n] for n in outputs))
-    originals = {v: k for k, v in env.items()}
-    return _canonical_region(torch.fx.GraphModule(holder, raw), model, originals)
+    originals = {v: k for k, v in env.items() if k.op != "call_function"}  # raw input -> the node it stands for
+    return _canonical_region(torch.fx.GraphModule(holder, raw), model, originals, list(outputs))
 
 
 def _placeholder(graph: torch.fx.Graph, source: torch.fx.Node, role: Role) -> torch.fx.Node:
@@ -197,13 +204,16 @@ def _constant_node(graph: torch.fx.Graph, holder: torch.nn.Module, value: torch.
     return node
 
 
-def canonicalize(raw: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
-    """The canonical copy of a region graph, and the map from each canonical node to the raw one."""
+def canonicalize(raw: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node],
+                                                      list[int]]:
+    """The canonical copy of a region graph, the map from each canonical node to the raw one, and
+    the canonical order of the raw outputs (positions in the raw output tuple)."""
     graph = raw.graph
     hashes = upward_hashes(graph)
     output_node = next(n for n in graph.nodes if n.op == "output")
     raw_outputs = list(output_node.args[0])
-    outputs = sorted(raw_outputs, key=hashes.__getitem__)
+    output_order = sorted(range(len(raw_outputs)), key=lambda i: hashes[raw_outputs[i]])
+    outputs = [raw_outputs[i] for i in output_order]
     order = post_order(outputs, hashes)
     new, holder = torch.fx.Graph(), torch.nn.Module()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -224,12 +234,13 @@ def canonicalize(raw: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[
         env[node].meta.update(node.meta)
         count += 1
     new.output(tuple(env[n] for n in outputs))
-    return torch.fx.GraphModule(holder, new), {v: k for k, v in env.items()}
+    return torch.fx.GraphModule(holder, new), {v: k for k, v in env.items()}, output_order
 
 
 def _canonical_region(raw: torch.fx.GraphModule, model: str | None,
-                      originals: Mapping[torch.fx.Node, torch.fx.Node] | None = None) -> Region:
-    module, to_raw = canonicalize(raw)
+                      originals: Mapping[torch.fx.Node, torch.fx.Node] | None = None,
+                      source_outputs: list[torch.fx.Node] | None = None) -> Region:
+    module, to_raw, output_order = canonicalize(raw)
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     returned = next(n for n in module.graph.nodes if n.op == "output").args[0]
     inputs = tuple(TensorSpec.of(_tensor(n), n.meta.get("kopt_role", Role.PER_CALL)) for n in placeholders)
@@ -237,7 +248,7 @@ def _canonical_region(raw: torch.fx.GraphModule, model: str | None,
     input_nodes = output_nodes = ()
     if originals is not None:
         input_nodes = tuple(originals[to_raw[n]] for n in placeholders)
-        output_nodes = tuple(originals[to_raw[n]] for n in returned)
+        output_nodes = tuple(source_outputs[i] for i in output_order)
     return Region(module, inputs, outputs, canonical_text(module.graph), model, input_nodes, output_nodes)
 
 
@@ -265,9 +276,16 @@ def from_function(fn: Callable[..., object], *example_inputs: torch.Tensor, role
 
 def from_source(source: str, inputs: Sequence[TensorSpec], *, model: str | None = None) -> Region:
     """Rebuild a region from :attr:`Region.source` and its input specs (how the knowledge base
-    stores regions). Tracing the source gives back the same canonical graph, so the same signature."""
+    stores regions). Tracing the source gives back the same canonical graph, so the same signature.
+    The source is checked first (:func:`kopt.agent.region_source.check_region_source`): one that does
+    not have the rendered shape is refused with ValueError, since it may come from an imported file."""
+    from kopt.agent.region_source import check_region_source
+
+    problem = check_region_source(source)
+    if problem:
+        raise ValueError(f"not a region source: {problem}")
     namespace: dict[str, object] = {}
-    exec(compile(source, "<region source>", "exec"), namespace)  # noqa: S102 - kopt's own rendered source
+    exec(compile(source, "<region source>", "exec"), namespace)  # noqa: S102 - checked above: ATen calls only
     examples = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in inputs]
     return from_function(namespace["region"], *examples, roles=[s.role for s in inputs], model=model)
 

@@ -153,7 +153,7 @@ def test_two_processes_write_at_once(tmp_path):
     first, second = ([tuple(map(float, line.split())) for line in out.splitlines()] for out, _ in outputs)
     assert len(first) == len(second) == 60
     order = [who for _, who in sorted([(start, 1) for start, _ in first] + [(start, 2) for start, _ in second])]
-    switches = sum(1 for a, b in zip(order, order[1:]) if a != b)
+    switches = sum(1 for a, b in zip(order, order[1:], strict=False) if a != b)
     assert switches >= 10, f"the two writers barely interleaved ({switches} switches)"
     with KnowledgeBase(path) as kb:
         assert kb.counts() == {"environments": 1, "regions": 1, "candidates": 120, "lessons": 12}

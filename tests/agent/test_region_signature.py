@@ -170,3 +170,30 @@ def test_small_constants_are_part_of_the_key_and_weights_are_inputs():
     assert first.signature != second.signature
     assert [s.role for s in first.inputs].count(Role.CONSTANT) == 1
     assert TensorSpec((16, 16), torch.float32, (16, 1), Role.CONSTANT) in first.inputs
+
+
+@pytest.mark.parametrize("payload", [
+    "import os\nos.system('true')\n",
+    "import torch\n\naten = torch.ops.aten\n\n\ndef region(in0):\n    v0 = __import__('os').system('true')\n"
+    "    return (v0,)\n",
+    "import torch\n\naten = torch.ops.aten\n\n\ndef region(in0):\n    v0 = in0.__class__.__bases__\n"
+    "    return (v0,)\n",
+    "import torch\n\naten = torch.ops.aten\n\n\ndef region(in0):\n    v0 = torch.load('x')\n    return (v0,)\n",
+])
+def test_from_source_refuses_anything_but_rendered_aten_code(payload):
+    """A region source from an imported file is checked before kopt traces it: only ATen calls pass."""
+    base = regions.from_function(_norm_modulate, *_examples())
+    with pytest.raises(ValueError, match="not a region source"):
+        regions.from_source(payload, base.inputs)
+
+
+def test_source_round_trip_for_every_corpus_region():
+    """Reductions with getitems (var_mean), GEMMs, casts and constants all render to source that passes
+    the check and traces back to the same signature."""
+    from tests.agent.corpus.regions import REGIONS
+
+    for spec in REGIONS.values():
+        region = spec.build()
+        assert regions.from_source(region.source, region.inputs).signature == region.signature, spec.name
+    constant = regions.from_function(lambda x: x * torch.tensor([0.5, float("inf")]), torch.randn(3, 2))
+    assert regions.from_source(constant.source, constant.inputs).signature == constant.signature
