@@ -183,7 +183,7 @@ def extract(graph_module: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node],
     for node in outputs:
         _tensor(node)
     raw.output(tuple(env[n] for n in outputs))
-    originals = {v: k for k, v in env.items() if k.op != "call_function"}  # raw input -> the node it stands for
+    originals = {v: k for k, v in env.items() if k not in member_set}  # raw input -> the node it stands for
     return _canonical_region(torch.fx.GraphModule(holder, raw), model, originals, list(outputs))
 
 
