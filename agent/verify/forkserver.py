@@ -82,9 +82,13 @@ class ForkServer:
                     timed_out = True
                     break
                 pending.changed.wait(timeout=min(left, 1.0))
-            if timed_out and pending.pid is not None:
-                _kill_group(pending.pid)
-                while pending.status is None and self.alive():
+            if timed_out:
+                give_up = time.monotonic() + 10.0  # the fork's pid is normally back within milliseconds
+                while pending.pid is None and self.alive() and time.monotonic() < give_up:
+                    pending.changed.wait(timeout=0.1)
+                if pending.pid is not None:
+                    _kill_group(pending.pid)
+                while pending.pid is not None and pending.status is None and self.alive():
                     pending.changed.wait(timeout=1.0)
         if pending.pid is not None:
             _kill_group(pending.pid)

@@ -1,5 +1,5 @@
 """region: copy
-expect: runs
+expect: runs, values
 why: maps the harness's output file with torch.from_file (C code: invisible to a Python audit hook, refused by
 Landlock in the kernel)."""
 import os
