@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also quantize the linears to FP8 with this scale granularity")
     explain.add_argument("--fp8-attention", action="store_true", help="with --fp8: attention in FP8 too")
     explain.set_defaults(run=_cmd_explain)
+    from kopt.agent.kb.cli import add_kb_parser
+
+    add_kb_parser(commands)
     return parser
 
 

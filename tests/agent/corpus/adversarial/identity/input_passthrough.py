@@ -1,0 +1,7 @@
+"""region: softmax
+expect: values
+why: returns a copy of its input unchanged."""
+
+
+def candidate(x):
+    return x.clone()
