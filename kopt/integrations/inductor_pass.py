@@ -52,6 +52,31 @@ def _source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def _placeholder_values(graph_module: torch.fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"]
+
+
+def _restore_fake_mode(graph_module: torch.fx.GraphModule, inputs: list[Any]) -> None:
+    """Recompute every node's ``meta["val"]`` in Inductor's fake mode, from the placeholders' values
+    as Inductor gave them (``inputs``).
+
+    kopt's pass manager refreshes shapes after a rewrite in a fake mode of its own; Inductor then
+    updates changed nodes in *its* mode and refuses to mix the two. Propagating the whole graph again
+    from the original placeholder values puts every value back in Inductor's mode, with the same
+    symbolic sizes."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = detect_fake_mode([v for v in inputs if isinstance(v, torch.Tensor)])
+    if mode is None:
+        return
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, inputs, strict=True):
+        node.meta["val"] = value
+    with mode:
+        FakeTensorProp(graph_module, mode=mode).propagate_dont_convert_inputs(*inputs)
+
+
 class KoptPostGradPass(CustomGraphPass):  # type: ignore[misc,valid-type]
     """Run kopt's activation-level passes on an Inductor post-grad graph; never raise.
 
@@ -63,6 +88,7 @@ class KoptPostGradPass(CustomGraphPass):  # type: ignore[misc,valid-type]
         self.pass_spec = list(passes)
         self._passes: list[Pass] | None = None
         self.report = Report()
+        self.disabled: str | None = None  # why this pass must not rewrite (set by an engine plugin)
         self._uuid: str | None = None
 
     @property
@@ -75,12 +101,19 @@ class KoptPostGradPass(CustomGraphPass):  # type: ignore[misc,valid-type]
         graph_module = graph.owning_module
         graph_report = GraphReport(index=len(self.report.graphs), inputs=[], lowering="inductor (post-grad pass)")
         self.report.graphs.append(graph_report)
+        if self.disabled is not None:
+            graph_report.fallback = f"kopt's post-grad pass is off: {self.disabled}"
+            log.info("%s", graph_report.fallback)
+            return
         if not isinstance(graph_module, torch.fx.GraphModule):
             graph_report.fallback = "the post-grad graph has no owning GraphModule: left as Inductor gave it"
             log.info("kopt post-grad pass: %s", graph_report.fallback)
             return
+        inputs = _placeholder_values(graph_module)
         try:
             graph_report.passes = run_passes(graph_module, self.passes, graph_index=graph_report.index)
+            if any(record.total_matches for record in graph_report.passes):
+                _restore_fake_mode(graph_module, inputs)
             graph.lint()
         except Exception as error:  # noqa: BLE001 - an engine must compile without kopt rather than fail
             graph_report.fallback = f"kopt's post-grad passes failed ({type(error).__name__}: {error})"
@@ -102,7 +135,7 @@ class KoptPostGradPass(CustomGraphPass):  # type: ignore[misc,valid-type]
             names = ",".join(p if isinstance(p, str) else f"{type(p).__module__}.{type(p).__qualname__}"
                              for p in self.pass_spec)
             self._uuid = f"kopt-post-grad:{names}:{_source_digest()}"
-        return self._uuid
+        return self._uuid + (":off" if self.disabled is not None else "")
 
     def rewrites(self) -> dict[str, int]:
         """Matches per pass, summed over every graph this pass saw."""
