@@ -82,7 +82,8 @@ def test_a_failing_kopt_pass_leaves_vllm_running_plain(tiny_llama, plain, tmp_pa
 def test_unsupported_version_or_switch_turns_the_pass_off(monkeypatch):
     """Outside the tested vLLM range (or with KOPT_VLLM=0) the plugin turns kopt's pass into a no-op, and the
     pass's cache key changes with it, so Inductor cannot reuse a graph kopt rewrote."""
-    pass_ = kopt.kopt_post_grad_pass
+    pass_ = kopt_vllm._process_pass()  # kopt.kopt_post_grad_pass as the plugin wraps it for vLLM
+    assert kopt.kopt_post_grad_pass is pass_
     before = pass_.uuid()
     monkeypatch.setattr(kopt_vllm, "TESTED", ("0.1", "0.2"))
     try:
