@@ -16,8 +16,12 @@ of kopt's gain on Qwen-Image and FLUX.2, are impossible there. SGLang's ``mode``
 ``max-autotune-no-cudagraphs``) is an Inductor mode; kopt lowers with Inductor's defaults and the log
 says the mode was not applied.
 
-Switch: ``KOPT_SGLANG=0`` leaves SGLang's compile as it is; ``KOPT_SGLANG_FP8=1`` adds FP8
-(``fp8=True``). On an SGLang release outside the tested range the plugin steps aside (logged).
+SGLang's layers call opaque fused ops (``sglang::fused_norm_scale_shift`` on CUDA); the backend's
+first pass, :class:`~kopt.integrations.sglang_ops.ExpandSglangOps`, expands those it understands
+into ATen so kopt's fusions match them, and lists the others in the report.
+
+Switch: ``KOPT_SGLANG=0`` leaves SGLang's compile as it is; ``KOPT_SGLANG_OPTIONS`` takes a JSON
+object of :func:`kopt.compile` keywords (``'{"fp8": true}'``, ``'{"verify": true}'``). On an SGLang release outside the tested range the plugin steps aside (logged).
 Anything kopt fails at is logged and SGLang compiles as it would without kopt: a failure building the
 backend keeps SGLang's kwargs; a pass that raises is skipped and a failed capture or lowering runs
 the original graph (kopt's backend's own rules).
@@ -25,6 +29,7 @@ the original graph (kopt's backend's own rules).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -36,7 +41,7 @@ require("sglang.multimodal_gen", "sglang", "sglang")
 log = logging.getLogger("kopt")
 TESTED = ("0.5.23", "0.5.24")  # the hook target and its keyword arguments are SGLang internals
 HOOK_TARGET = "sglang.multimodal_gen.runtime.utils.torch_compile.build_torch_compile_kwargs"
-SWITCH, FP8_SWITCH = "KOPT_SGLANG", "KOPT_SGLANG_FP8"
+SWITCH, OPTIONS = "KOPT_SGLANG", "KOPT_SGLANG_OPTIONS"
 
 
 def disabled_reason() -> str | None:
@@ -52,8 +57,10 @@ def with_kopt_backend(compile_kwargs: dict[str, Any], *args: Any, **kwargs: Any)
         return None  # another backend, or switched off at run time: SGLang's kwargs as they are
     try:
         from kopt.api import make_backend
+        from kopt.integrations.sglang_ops import ExpandSglangOps
 
-        backend = make_backend("auto", fp8=True if os.environ.get(FP8_SWITCH) == "1" else None)
+        options = json.loads(os.environ.get(OPTIONS) or "{}")
+        backend = make_backend([ExpandSglangOps(), *options.pop("passes", ["auto"])], **options)
     except Exception as error:  # noqa: BLE001 - SGLang must compile without kopt rather than fail
         log.warning("kopt's SGLang plugin could not build its backend (%s: %s); SGLang compiles as usual",
                     type(error).__name__, error)

@@ -71,3 +71,68 @@ def test_a_backend_that_cannot_be_built_keeps_sglang_compiling(monkeypatch, capl
     with caplog.at_level(logging.WARNING, logger="kopt"):
         assert kopt_sglang.with_kopt_backend({"fullgraph": False, "dynamic": None, "mode": MODE}, mode=MODE) is None
     assert "SGLang compiles as usual" in caplog.text
+
+
+def test_tiny_qwen_image_through_sglangs_compile_path(hooked, monkeypatch):
+    """SGLang's own Qwen-Image DiT, compiled by SGLang's unmodified DenoisingStage._maybe_torch_compile with the
+    plugin active: kopt's backend compiles it, expands SGLang's fused scale-shift op so kopt's adaLN and
+    gated-residual fusions match, and the output keeps the fired passes' contract against a float64 copy of the
+    same weights; a second call at the same timestep (the CFG partner) hits the step-invariant memo."""
+    import json
+
+    import torch
+
+    from kopt.integrations.sglang_ops import ExpandSglangOps
+    from tests.contracts import assert_within_contract
+    from tests.integrations import sglang_cpu
+
+    sglang_cpu.start_runtime()
+    monkeypatch.setenv("KOPT_SGLANG_OPTIONS", json.dumps({"lower": "eager", "verify": True}))
+    model = sglang_cpu.tiny_qwen_image(seed=0)
+    inputs = sglang_cpu.qwen_image_inputs(seed=1)
+    eager = sglang_cpu.forward(model, inputs)
+    wide = sglang_cpu.forward(sglang_cpu.tiny_qwen_image(seed=0).double(),
+                              {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                               for k, v in inputs.items()})
+    stage = sglang_cpu.denoising_stage()
+    stage._maybe_torch_compile(model)
+    assert stage._torch_compile_registry.is_compiled(model)
+    output = sglang_cpu.forward(model, inputs)
+
+    report = kopt_sglang.LAST_BACKENDS[-1].report
+    graph = report.graphs[0]
+    matches = {record.name: record.total_matches for record in graph.passes}
+    print("SGLang Qwen-Image through kopt:", matches, graph.verification)
+    assert graph.fallback is None and matches["expand-sglang-ops"] == 8
+    assert matches["fuse-adaln"] == 8 and matches["fuse-gated-residual"] == 6 and matches["staging"] >= 1
+    assert_within_contract(output, eager=eager, float64=wide, report=report, passes=[ExpandSglangOps()])
+
+    partner = sglang_cpu.qwen_image_inputs(seed=2)  # other latents and text, same timestep
+    sglang_cpu.forward(model, partner)
+    assert (graph.memo.misses, graph.memo.hits) == (1, 1)
+
+
+def test_sglang_ops_without_an_expansion_are_reported(hooked):
+    """The CPU scale-shift op is expanded; an SGLang op kopt has no expansion for (its Triton RMSNorm, registered
+    by SGLang's layernorm module) stays in the graph, and the report names it."""
+    import torch
+
+    import sglang.multimodal_gen.runtime.layers.layernorm  # noqa: F401  (registers sglang::triton_one_pass_rms_norm_cuda)
+    from kopt.integrations.sglang_ops import ExpandSglangOps
+    from kopt.passes.manager import run_passes
+    from tests.integrations import sglang_cpu
+
+    sglang_cpu.start_runtime()
+
+    def body(x, scale, shift, weight):
+        modulated = torch.ops.sgl_kernel.fused_scale_shift_cpu(x, scale, shift, 1.0)
+        return torch.ops.sglang.triton_one_pass_rms_norm_cuda(modulated, weight, 1e-6)
+
+    from kopt.fx.capture import trace_function
+
+    graph_module = trace_function(body, torch.randn(1, 4, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8),
+                                  torch.ones(8))
+    record = run_passes(graph_module, [ExpandSglangOps()])[0]
+    assert record.matches == {"scale-shift": 1}
+    assert "sgl_kernel" not in str(graph_module.graph) and "triton_one_pass_rms_norm_cuda" in str(graph_module.graph)
+    assert any("sglang.triton_one_pass_rms_norm_cuda.default" in note for note in record.notes)
