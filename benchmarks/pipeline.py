@@ -132,7 +132,8 @@ def main() -> None:
                    rel_err_vs_eager=error)
         if mode.startswith("kopt"):
             memo = pipe.kopt.memo
-            row.update(memo_hits=memo.hits, memo_misses=memo.misses, graphs=len(pipe.kopt.reports["transformer"].graphs),
+            graphs = len(pipe.kopt.reports["transformer"].graphs)
+            row.update(memo_hits=memo.hits, memo_misses=memo.misses, graphs=graphs,
                        padded_calls=pipe.kopt.padded_calls)
             pipe.kopt.restore()
         elif mode == "regional":
@@ -144,7 +145,8 @@ def main() -> None:
                   torch=torch.__version__, kopt=kopt.__version__, rows=rows)
     (out / f"pipeline-{args.model}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# {args.model} pipeline, {args.size}x{args.size}, {args.steps} steps, {result['gpu']}", "",
-             "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls |", "|---|---:|---:|---:|---:|"]
+             "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls |",
+             "|---|---:|---:|---:|---:|"]
     for row in rows:
         memo = (f"{row['memo_hits']} / {row['memo_hits'] + row['memo_misses']}" if "memo_hits" in row else "–")
         lines.append(f"| {row['mode']} | {row['seconds_per_image']:.2f} | {row['warmup_seconds']:.1f} | "

@@ -154,5 +154,6 @@ class KoptPostGradPass(CustomGraphPass):  # type: ignore[misc,valid-type]
                 continue
             misses = [f"{m.rule}: {m.reason}" for g in self.report.graphs for r in g.passes if r.name == name
                       for m in r.near_misses]
-            reasons.append(f"{name}: " + ("; ".join(sorted(set(misses))[:5]) if misses else "no candidate in the graph"))
+            detail = "; ".join(sorted(set(misses))[:5]) if misses else "no candidate in the graph"
+            reasons.append(f"{name}: {detail}")
         return reasons

@@ -21,7 +21,8 @@ first pass, :class:`~kopt.integrations.sglang_ops.ExpandSglangOps`, expands thos
 into ATen so kopt's fusions match them, and lists the others in the report.
 
 Switch: ``KOPT_SGLANG=0`` leaves SGLang's compile as it is; ``KOPT_SGLANG_OPTIONS`` takes a JSON
-object of :func:`kopt.compile` keywords (``'{"fp8": true}'``, ``'{"verify": true}'``). On an SGLang release outside the tested range the plugin steps aside (logged).
+object of :func:`kopt.compile` keywords (``'{"fp8": true}'``, ``'{"verify": true}'``). On an SGLang
+release outside the tested range the plugin steps aside (logged).
 Anything kopt fails at is logged and SGLang compiles as it would without kopt: a failure building the
 backend keeps SGLang's kwargs; a pass that raises is skipped and a failed capture or lowering runs
 the original graph (kopt's backend's own rules).

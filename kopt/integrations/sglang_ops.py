@@ -13,9 +13,10 @@ the computation SGLang documents for it, which kopt's own fusions then take over
                                                              (SGLang's fuse_scale_shift_kernel_native)
 
 with a (B, D) scale or shift viewed as (B, 1, D), and a scale or shift that SGLang expanded to the full
-(B, S, D) before the call read from before that ``expand`` (the op broadcasts; so does the chain). Declined (kept opaque, with the reason in the
-report): per-frame (B, F, 1, D) modulation, a norm type other than "layer"/"rms", and every other
-``sglang::`` / ``sgl_kernel::`` op, which the report lists by name. Contract: tolerance, like the
+(B, S, D) before the call read from before that ``expand`` (the op broadcasts; so does the chain).
+Declined (kept opaque, with the reason in the report): per-frame (B, F, 1, D) modulation, a norm type
+other than "layer"/"rms", and every other ``sglang::`` / ``sgl_kernel::`` op, which the report lists
+by name. Contract: tolerance, like the
 fusions that follow: the ATen chain rounds where SGLang's fused kernel does not.
 """
 

@@ -25,7 +25,7 @@ PIPELINES = {
 
 
 def _run(pipe, kind: str, latents: torch.Tensor, **extra) -> torch.Tensor:
-    build, arguments = PIPELINES[kind]
+    _build, arguments = PIPELINES[kind]
     dtype = pipe.transformer.dtype
     with torch.no_grad():
         return pipe(prompt="a red cube on a wooden table, studio light", num_inference_steps=STEPS, height=SIZE,

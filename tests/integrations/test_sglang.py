@@ -115,9 +115,9 @@ def test_tiny_qwen_image_through_sglangs_compile_path(hooked, monkeypatch):
 def test_sglang_ops_without_an_expansion_are_reported(hooked):
     """The CPU scale-shift op is expanded; an SGLang op kopt has no expansion for (its Triton RMSNorm, registered
     by SGLang's layernorm module) stays in the graph, and the report names it."""
+    import sglang.multimodal_gen.runtime.layers.layernorm  # noqa: F401  (registers sglang::triton_one_pass_rms_norm_cuda)
     import torch
 
-    import sglang.multimodal_gen.runtime.layers.layernorm  # noqa: F401  (registers sglang::triton_one_pass_rms_norm_cuda)
     from kopt.integrations.sglang_ops import ExpandSglangOps
     from kopt.passes.manager import run_passes
     from tests.integrations import sglang_cpu

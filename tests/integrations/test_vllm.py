@@ -46,7 +46,8 @@ def plain(tiny_llama, tmp_path_factory) -> dict:
 
 
 def _generate(model: Path, mode: str, tmp_path: Path) -> dict:
-    environment = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / mode), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / mode)}
+    cache = str(tmp_path / mode)
+    environment = {**os.environ, "VLLM_CACHE_ROOT": cache, "TORCHINDUCTOR_CACHE_DIR": cache}
     done = subprocess.run([sys.executable, str(HERE / "vllm_generate.py"), str(model), mode], capture_output=True,
                           text=True, timeout=600, env=environment, cwd=HERE.parents[1])
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
