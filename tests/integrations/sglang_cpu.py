@@ -100,6 +100,49 @@ def qwen_image_inputs(seed: int, timestep: float = 500.0, text: int = 7) -> dict
                 txt_seq_lens=[text], return_dict=False)
 
 
+def tiny_flux2(seed: int = 0) -> torch.nn.Module:
+    """SGLang's ``Flux2Transformer2DModel``: 1 double + 1 single block, 2 heads of 32, random weights."""
+    from sglang.multimodal_gen.configs.models.dits.flux import FluxConfig
+    from sglang.multimodal_gen.runtime.models.dits.flux_2 import Flux2Transformer2DModel
+
+    config = FluxConfig()
+    for key, value in dict(patch_size=1, in_channels=16, out_channels=None, num_layers=1, num_single_layers=1,
+                           attention_head_dim=32, num_attention_heads=2, joint_attention_dim=24,
+                           timestep_guidance_channels=32, mlp_ratio=3.0, axes_dims_rope=(8, 8, 8, 8), rope_theta=2000,
+                           eps=1e-6, guidance_embeds=True).items():
+        setattr(config.arch_config, key, value)
+    with native_layers():
+        model = Flux2Transformer2DModel(config=config, hf_config={})
+    return randomized(model, seed)
+
+
+def flux2_inputs(model: torch.nn.Module, seed: int, timestep: float = 0.5) -> dict:
+    """Packed 8x8 latents, 7 text tokens, and the RoPE tables SGLang's FLUX.2 pipeline config builds
+    (``get_freqs_cis``: the model's rotary embedding of text ids, then image ids)."""
+    from sglang.multimodal_gen.configs.pipeline_configs.flux import _prepare_latent_ids, _prepare_text_ids
+
+    generator = torch.Generator().manual_seed(seed)
+    latents = torch.randn(1, 16, 8, 8, generator=generator)
+    text = torch.randn(1, 7, 24, generator=generator)
+    image_cos, image_sin = model.rotary_emb.forward(_prepare_latent_ids(latents)[0])
+    text_cos, text_sin = model.rotary_emb.forward(_prepare_text_ids(text)[0])
+    return dict(hidden_states=latents.flatten(2).transpose(1, 2), encoder_hidden_states=text,
+                timestep=torch.tensor([timestep]), guidance=torch.tensor([4.0]),
+                freqs_cis=(torch.cat([text_cos, image_cos]), torch.cat([text_sin, image_sin])))
+
+
+def widened(inputs: dict) -> dict:
+    """``inputs`` with every floating tensor (also inside tuples) in float64."""
+    def cast(value: object) -> object:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.double()
+        if isinstance(value, tuple):
+            return tuple(cast(v) for v in value)
+        return value
+
+    return {key: cast(value) for key, value in inputs.items()}
+
+
 def denoising_stage(enable_torch_compile: bool = True):
     """A real ``DenoisingStage`` object (made as SGLang's own unit tests make one) whose unmodified
     ``_maybe_torch_compile`` compiles a module as SGLang's pipeline does."""
