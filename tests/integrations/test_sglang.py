@@ -80,8 +80,6 @@ def test_tiny_qwen_image_through_sglangs_compile_path(hooked, monkeypatch):
     same weights; a second call at the same timestep (the CFG partner) hits the step-invariant memo."""
     import json
 
-    import torch
-
     from kopt.integrations.sglang_ops import ExpandSglangOps
     from tests.contracts import assert_within_contract
     from tests.integrations import sglang_cpu
@@ -116,8 +114,6 @@ def test_tiny_flux2_through_sglangs_compile_path(hooked, monkeypatch):
     timestep stage is staged); pieces dynamo made symbolic run their original graph with the reason recorded;
     the output keeps the fired passes' contract against float64."""
     import json
-
-    import torch
 
     from kopt.integrations.sglang_ops import ExpandSglangOps
     from tests.contracts import assert_within_contract
