@@ -40,7 +40,12 @@ from kopt.integrations import installed_version, require, unsupported_reason
 require("sglang.multimodal_gen", "sglang", "sglang")
 
 log = logging.getLogger("kopt")
-TESTED = ("0.5.23", "0.5.24")  # the hook target and its keyword arguments are SGLang internals
+# Versions: tested with 0.5.23 (CI). What the plugin relies on is SGLang-internal: the entry point group and
+# ``plugin_hook`` of ``sglang.multimodal_gen.runtime.platforms.plugins`` (absent in 0.5.18: the plugin would
+# never load), ``build_torch_compile_kwargs(*, mode, module, ...)`` returning torch.compile's kwargs, and the
+# op names ExpandSglangOps expands. 0.5.22's wheel has all of them unchanged, but was not run; any other
+# release is refused (the plugin steps aside) until it is tested.
+TESTED = ("0.5.23", "0.5.24")
 HOOK_TARGET = "sglang.multimodal_gen.runtime.utils.torch_compile.build_torch_compile_kwargs"
 SWITCH, OPTIONS = "KOPT_SGLANG", "KOPT_SGLANG_OPTIONS"
 
