@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
 class _PostGradPassOnFirstUse:
     """``kopt.kopt_post_grad_pass``: a :class:`~kopt.integrations.inductor_pass.KoptPostGradPass`, made
     on first use, because its base class lives in ``torch._inductor``, whose import (with dynamo) takes
