@@ -14,6 +14,7 @@ from kopt.backend import (
     last_backend_report,
 )
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.integrations.exports import kopt_post_grad_pass, optimize_pipeline, restore_pipeline
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
 from kopt.passes.by_example import RewritePass, Rule
 from kopt.passes.pipeline import available_passes, default_pipeline
@@ -26,5 +27,6 @@ __all__ = [
     "CompileOptions", "Contract", "ContractKind", "FunctionPass", "KoptBackend", "KoptModule",
     "Lowering", "LoweringCheckFailed", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
     "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",
-    "default_pipeline", "last_backend_report", "make_backend",
+    "default_pipeline", "kopt_post_grad_pass", "last_backend_report", "make_backend", "optimize_pipeline",
+    "restore_pipeline",
 ]
