@@ -19,12 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._dynamo.exc import RestartAnalysis
 
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.cuda_graphs import CudaGraphRunner
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
+from kopt.fx.symbolic import concrete, lowering_examples
 from kopt.lower import lower
 from kopt.passes.base import Contract, Fuel, Pass
 from kopt.passes.manager import run_passes
@@ -57,9 +59,9 @@ class CompiledGraph:
     def __init__(self, backend: KoptBackend, dynamo_graph: torch.fx.GraphModule,
                  example_inputs: list[Any], report: GraphReport) -> None:
         self.backend, self.dynamo_graph, self.report = backend, dynamo_graph, report
-        self._build(example_inputs)
+        self._build(example_inputs, in_dynamo=True)
 
-    def _build(self, example_inputs: list[Any]) -> None:
+    def _build(self, example_inputs: list[Any], *, in_dynamo: bool = False) -> None:
         options = self.backend.options
         placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
         roles = classify_inputs(placeholders, example_inputs, dict(options.roles),
@@ -75,7 +77,7 @@ class CompiledGraph:
         self._signature: list[tuple[int, int, int]] = []
         start = time.perf_counter()
         log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
-        rewritten = self._capture_and_rewrite(example_inputs, roles)
+        rewritten = self._capture_and_rewrite(example_inputs, roles, in_dynamo)
         self.report.capture_seconds = time.perf_counter() - start
         start = time.perf_counter()
         self.report.lowering = options.lower.value
@@ -86,6 +88,8 @@ class CompiledGraph:
                 self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
                 self.captured = rewritten
                 self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
+            except RestartAnalysis:  # dynamo retraces the frame (it specializes a float Inductor met)
+                raise
             except Exception as error:  # lowering the rewritten graph failed: lower the original
                 if options.strict:
                     raise
@@ -104,19 +108,22 @@ class CompiledGraph:
         options, graph_module = self.backend.options, rewritten.graph_module
         frontier = graph_module.meta.get(HOIST_KEY)
         if not frontier:
-            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
+            return self._replayed(lower(graph_module, lowering_examples(graph_module, user_args), options.lower),
+                                  user_args)
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
+            return self._replayed(lower(graph_module, lowering_examples(graph_module, user_args), options.lower),
+                                  user_args)
         keys = [user_args[i] for i in split.key_positions]
         with torch.no_grad():
-            hoisted = list(split.invariant(*keys))
+            hoisted = list(split.invariant(*[concrete(k) for k in keys]))
         log.info("graph %d: lowering the step-invariant stage", self.report.index)
-        invariant = lower(split.invariant, keys, options.lower)
+        invariant = lower(split.invariant, lowering_examples(split.invariant, keys), options.lower)
         log.info("graph %d: lowering the per-call stage", self.report.index)
-        main = self._replayed(lower(split.main, user_args + hoisted, options.lower), user_args + hoisted)
+        main_examples = lowering_examples(split.main, user_args + hoisted)
+        main = self._replayed(lower(split.main, main_examples, options.lower), user_args + hoisted)
         self.report.memo = MemoStats()
         return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)
 
@@ -130,13 +137,16 @@ class CompiledGraph:
         self.report.cuda_graphs = runner.stats
         return runner
 
-    def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole]) -> CapturedGraph | None:
+    def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole],
+                             in_dynamo: bool) -> CapturedGraph | None:
         options = self.backend.options
         try:
-            captured = capture(self.dynamo_graph, example_inputs, roles)
+            captured = capture(self.dynamo_graph, example_inputs, roles, in_dynamo=in_dynamo)
         except CaptureUnsupported as reason:
             self.report.fallback = f"capture unsupported: {reason}"
             return None
+        except RestartAnalysis:  # capture asked dynamo to retrace with the module's floats specialized
+            raise
         except Exception as error:  # a capture bug must not break the user's model either
             if options.strict:
                 raise
@@ -155,9 +165,10 @@ class CompiledGraph:
         for record, rewrite in zip(self.report.passes, self.backend.passes, strict=True):
             if record.total_matches:
                 contract = contract.combine(rewrite.contract)
+        real_inputs = [concrete(value) for value in example_inputs]  # sizes as on this call
         with torch.no_grad():
-            reference = self.dynamo_graph(*example_inputs)
-            candidate = rewritten.graph_module(*rewritten.user_args(example_inputs))
+            reference = self.dynamo_graph(*real_inputs)
+            candidate = rewritten.graph_module(*rewritten.user_args(real_inputs))
         checks = compare(candidate, reference, contract)
         self.report.verification = [dict(output=c.output, rel_err=c.rel_err, cosine=c.cosine, ok=c.ok,
                                          verdict=c.verdict) for c in checks]
@@ -241,7 +252,11 @@ class KoptBackend:
         self.report.graph_breaks = [f"{reason} (×{count - self._breaks_before.get(reason, 0)})"
                                     for reason, count in now.items()
                                     if count > self._breaks_before.get(reason, 0)]
-        compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        try:
+            compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        except RestartAnalysis:  # dynamo traces the frame again and calls the backend with the new graph
+            self.report.graphs.remove(graph_report)
+            raise
         self.compiled.append(compiled)
         return compiled
 
