@@ -8,6 +8,7 @@
 from kopt.api import KoptModule, compile, make_backend
 from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError, last_backend_report
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.fallback import EagerFallbackWarning
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
 from kopt.passes.by_example import RewritePass, Rule
 from kopt.passes.pipeline import available_passes, default_pipeline
@@ -17,7 +18,7 @@ from kopt.report import Report
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileOptions", "Contract", "ContractKind", "FunctionPass", "KoptBackend", "KoptModule",
+    "CompileOptions", "Contract", "ContractKind", "EagerFallbackWarning", "FunctionPass", "KoptBackend", "KoptModule",
     "Lowering", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
     "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",
     "default_pipeline", "last_backend_report", "make_backend",

@@ -201,7 +201,13 @@ class CompiledGraph:
                 return True
         return False
 
+    def dispose(self) -> None:
+        """Drop the compiled graph and everything it holds (frozen and derived weights)."""
+        self.runner, self.captured, self.constant_inputs, self._signature = _discarded, None, [], []
+        self.dynamo_graph = None  # type: ignore[assignment]
+
     def __call__(self, *args: Any) -> Any:
+        self.backend.graph_calls += 1  # kopt.fallback: a call of the module that ran no graph ran eagerly
         stale = self.generation != self.backend.generation
         if stale or (self._signature and self._weights_changed(args)):
             policy = self.backend.options.on_weight_change
@@ -217,6 +223,10 @@ class CompiledGraph:
         return self.runner(*args)
 
 
+def _discarded(*args: Any) -> Any:
+    raise RuntimeError("kopt: this graph belongs to a kopt.compile'd module that was garbage-collected")
+
+
 class KoptBackend:
     """A dynamo backend with its own passes, options and report."""
 
@@ -228,7 +238,15 @@ class KoptBackend:
         self.generation = 0
         self.argument_names: tuple[str, ...] = ()  # the forward signature, to name positional inputs
         self.compiled: list[CompiledGraph] = []
+        self.graph_calls = 0  # compiled graphs run so far (kopt.fallback)
         self._breaks_before = _graph_breaks()
+
+    def dispose(self) -> None:
+        """Free every compiled graph: the module compiled with this backend is gone, but dynamo keeps
+        each backend (and the graphs in its cache) alive until ``torch._dynamo.reset()``."""
+        for graph in self.compiled:
+            graph.dispose()
+        self.compiled.clear()
 
     def release_unread_weights(self) -> int:
         """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`)."""
@@ -258,7 +276,10 @@ class KoptBackend:
             self.report.graphs.remove(graph_report)
             raise
         self.compiled.append(compiled)
-        return compiled
+        # a bound method, not the object: dynamo wraps what a backend returns with functools.wraps,
+        # which copies the object's __dict__ (every graph and weight it holds) into the wrapper,
+        # out of reach of dispose()
+        return compiled.__call__
 
 
 _ENTRY_POINT_BACKENDS: dict[str, KoptBackend] = {}  # one per distinct options, so reports accumulate

@@ -131,6 +131,15 @@ def concrete(value: object) -> object:
     return value
 
 
+@contextlib.contextmanager
+def fake_mode_for(value: object) -> Iterator[None]:
+    """Run tensor code on ``value``'s FakeTensorMode (needed to build a fake with ``value``'s
+    symbolic sizes by hand); a no-op for anything else."""
+    mode = value.fake_mode if isinstance(value, FakeTensor) else None
+    with mode if mode is not None else contextlib.nullcontext():
+        yield
+
+
 def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[object]) -> list[object]:
     """Example inputs to lower ``graph_module`` with: its placeholders' symbolic fakes when its
     sizes are symbolic (Inductor then compiles one kernel set for every size), else ``real_args``."""
@@ -168,3 +177,24 @@ def guards_since(shape_env: Any, count: int) -> list[str]:
     if shape_env is None:
         return []
     return [str(guard.expr) for guard in shape_env.guards[count:]]
+
+
+def baked_sizes(graph: torch.fx.Graph) -> list[str]:
+    """Nodes whose arguments hold a SymInt/SymFloat object instead of a node computing it.
+
+    make_fx records every symbolic size as a node (``sym_size``, ``operator.mul``...); a pass that
+    copies a size from ``meta["val"]`` into a new node's arguments would freeze the size of the call
+    it was traced on (the generated code names a symbol no one defines). Such a graph is refused."""
+    found = []
+    for node in graph.nodes:
+        symbols: list[str] = []
+
+        def note(arg: Any, symbols: list[str] = symbols) -> Any:
+            if isinstance(arg, SYMBOLIC_TYPES) and has_free_symbols(arg):
+                symbols.append(str(arg))
+            return arg
+
+        torch.fx.node.map_aggregate((node.args, node.kwargs), note)
+        if symbols:
+            found.append(f"{node.name} ({', '.join(symbols)})")
+    return found

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from kopt.fx.graph_utils import census, missing_meta, refresh_meta
-from kopt.fx.symbolic import guards_since, shape_env_of
+from kopt.fx.symbolic import baked_sizes, guards_since, shape_env_of
 from kopt.passes.base import Fuel, Pass, PassContext
 from kopt.report import PassRecord
 
@@ -38,6 +38,20 @@ def _snapshot(graph: torch.fx.Graph) -> torch.fx.Graph:
     output = copy.graph_copy(graph, {})
     copy.output(output)
     return copy
+
+
+def _module_state(graph_module: torch.fx.GraphModule) -> tuple[dict[str, object], dict[str, object]]:
+    """The constants the graph's ``get_attr`` nodes may name (a pass adds and deletes some)."""
+    return dict(graph_module._buffers), dict(graph_module._parameters)
+
+
+def _restore_module_state(graph_module: torch.fx.GraphModule,
+                          state: tuple[dict[str, object], dict[str, object]]) -> None:
+    """Put back the constants a failed pass deleted and drop those it added: the restored graph
+    reads exactly the constants it read before the pass."""
+    for live, saved in zip((graph_module._buffers, graph_module._parameters), state, strict=True):
+        live.clear()
+        live.update(saved)
 
 
 def _dump(trace_dir: Path | None, graph_index: int, stem: str, graph_module: torch.fx.GraphModule) -> None:
@@ -58,7 +72,7 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
     for position, rewrite in enumerate(passes):
         stem = f"{position:02d}_{rewrite.name}"
         before = census(graph_module.graph)
-        saved = _snapshot(graph_module.graph)
+        saved, saved_state = _snapshot(graph_module.graph), _module_state(graph_module)
         ctx = PassContext(rewrite.name, fuel, trace_dir=trace_dir)
         _dump(trace_dir, graph_index, stem + "_before", graph_module)
         guards = len(shape_env.guards) if shape_env is not None else 0
@@ -66,6 +80,10 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
         try:
             rewrite.apply(graph_module, ctx)
             graph_module.graph.lint()
+            baked = baked_sizes(graph_module.graph) if shape_env is not None else []
+            if baked:
+                raise RuntimeError(f"the pass wrote sizes of the traced call into {baked[:3]} instead of "
+                                   "sym_size nodes: the graph would only be right for that call's sizes")
             graph_module.recompile()
             if ctx.total_matches:
                 refresh_meta(graph_module)
@@ -79,6 +97,7 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
             if strict:
                 raise PassFailed(f"pass {rewrite.name!r} raised: {error}") from error
             graph_module.graph = saved
+            _restore_module_state(graph_module, saved_state)
             graph_module.recompile()
             status = f"skipped: {type(error).__name__}: {error}"
             ctx.matches.clear()
