@@ -26,7 +26,7 @@ from kopt.cuda_graphs import CudaGraphRunner
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
-from kopt.fx.symbolic import concrete, lowering_examples
+from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.lower import lower
 from kopt.passes.base import Contract, Fuel, Pass
 from kopt.passes.manager import run_passes
@@ -77,6 +77,8 @@ class CompiledGraph:
         self._signature: list[tuple[int, int, int]] = []
         start = time.perf_counter()
         log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
+        shape_env = None if in_dynamo else dynamo_shape_env(self.dynamo_graph)
+        guards = len(shape_env.guards) if shape_env is not None else 0
         rewritten = self._capture_and_rewrite(example_inputs, roles, in_dynamo)
         self.report.capture_seconds = time.perf_counter() - start
         start = time.perf_counter()
@@ -94,8 +96,15 @@ class CompiledGraph:
                 if options.strict:
                     raise
                 self.report.fallback = f"lowering the rewritten graph failed: {type(error).__name__}: {error}"
+        if self.captured is not None and guards_since(shape_env, guards):
+            # captured again after dynamo compiled the frame (a weight change): a size guard added now
+            # would never be checked, so the graph could run at sizes it is wrong for
+            self.captured, self._signature = None, []
+            self.report.fallback = ("capturing again after a weight change needed new size guards "
+                                    f"({'; '.join(guards_since(shape_env, guards)[:3])}): running the original graph")
         if self.captured is None:
-            original = self.dynamo_graph.forward if options.lower is Lowering.EAGER else None
+            # captured again with symbolic sizes: Inductor outside dynamo would compile for this call's sizes
+            original = self.dynamo_graph.forward if options.lower is Lowering.EAGER or shape_env else None
             self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
             if not self.report.fallback:
                 self.report.lowering += " (original graph: no rewrite fired)"

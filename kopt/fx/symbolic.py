@@ -172,6 +172,16 @@ def shape_env_of(graph_module: torch.fx.GraphModule) -> Any:
     return symbols[0].node.shape_env if symbols else None
 
 
+def dynamo_shape_env(dynamo_graph: torch.fx.GraphModule) -> Any:
+    """The ShapeEnv of a dynamo graph with symbolic sizes (from its placeholders' example values);
+    None for a static graph."""
+    values = [n.meta.get("example_value") for n in dynamo_graph.graph.nodes if n.op == "placeholder"]
+    if not any(is_symbolic(v) for v in values):
+        return None
+    mode = fake_mode_of(values)
+    return mode.shape_env if mode is not None else None
+
+
 def guards_since(shape_env: Any, count: int) -> list[str]:
     """The guards ``shape_env`` gained after it had ``count`` (each a condition on the sizes)."""
     if shape_env is None:
