@@ -113,6 +113,33 @@ def test_the_ninth_static_shape_warns_and_the_report_says_why():
     assert "EAGER FALLBACK: 2 call(s)" in str(report)
 
 
+class TwoParts(Siblings):
+    """A graph break between a part that reads ``x`` and a part that reads ``y``: only the frame
+    after the break sees ``y``'s shape."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = self.q(x) * self.k(x)
+        torch._dynamo.graph_break()
+        return a.sum() + (self.q(y) * self.k(y)).sum()
+
+
+def test_a_frame_after_a_graph_break_that_hits_the_limit_is_reported():
+    """With dynamic=False and a ninth shape of ``y``, the frame after the graph break runs eagerly
+    while the first one still runs kopt's graph: a warning and the report name the frame and why."""
+    model, x = _model(TwoParts), torch.randn(4, 16)
+    compiled = kopt.compile(model, lower="eager", dynamic=False)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in range(2, 12):
+            y = torch.randn(rows, 16)
+            assert rel_err(compiled(x, y), model(x, y)) < 1e-5
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, kopt.EagerFallbackWarning)]
+    assert len(fallbacks) == 1 and "part of a call" in fallbacks[0] and "resume_in_forward" in fallbacks[0]
+    report = compiled.kopt_report
+    assert report.eager_calls == 0 and "size mismatch" in report.recompile_limit
+    assert "EAGER FALLBACK for calls no compiled graph matches" in str(report)
+
+
 def test_ten_lengths_with_the_default_settings_never_run_eagerly():
     """The default (dynamic=None): a static graph for the first length, then one symbolic graph for
     the nine others, rewritten by kopt like the static one; no call runs eagerly."""

@@ -141,13 +141,25 @@ def fake_mode_for(value: object) -> Iterator[None]:
 
 
 def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[object]) -> list[object]:
-    """Example inputs to lower ``graph_module`` with: its placeholders' symbolic fakes when its
-    sizes are symbolic (Inductor then compiles one kernel set for every size), else ``real_args``."""
+    """Example inputs to lower ``graph_module`` with: when its sizes are symbolic, fakes in the mode
+    of its symbols (Inductor then compiles one kernel set for every size): each placeholder's own,
+    or, for one that has none in that mode (a weight made an input after capture), a static fake of
+    its real value; for a static graph, ``real_args``."""
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("val") for n in placeholders]
-    if any(is_symbolic(v) for v in fakes):
-        return fakes
-    return list(real_args)
+    symbolic = [v for v in fakes if is_symbolic(v)]
+    if not symbolic:
+        return list(real_args)
+    mode = fake_mode_of(symbolic)
+    examples: list[object] = []
+    for fake, real in zip(fakes, real_args, strict=True):
+        if isinstance(fake, SYMBOLIC_TYPES) or (isinstance(fake, FakeTensor) and fake.fake_mode is mode):
+            examples.append(fake)
+        elif mode is not None and isinstance(real, torch.Tensor):  # an alias: the mode memoizes tensors
+            examples.append(mode.from_tensor(real.detach(), static_shapes=True))
+        else:
+            examples.append(real)
+    return examples
 
 
 def same_sizes(a: Sequence[Any], b: Sequence[Any]) -> bool:
