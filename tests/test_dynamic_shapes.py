@@ -19,8 +19,6 @@ from kopt.fx.graph_utils import missing_meta
 from kopt.fx.symbolic import is_symbolic
 from kopt.passes.base import Contract
 from kopt.workloads import get_workload
-from kopt.workloads.base import randn
-from kopt.workloads.flux2 import image_ids, text_ids
 from tests.conftest import rel_err
 
 # (latent grid height, width, text tokens). Qwen-Image's text length is specialized by the model
@@ -28,20 +26,13 @@ from tests.conftest import rel_err
 SIZES = {"qwen-image": [(8, 8, 7), (6, 10, 7), (4, 6, 7)], "flux2": [(8, 8, 7), (6, 10, 5), (4, 6, 11)]}
 
 
-def inputs_at(name: str, height: int, width: int, text: int, seed: int,
-              dtype: torch.dtype = torch.float32) -> dict[str, object]:
-    """The workload's inputs for a (height x width) latent grid and ``text`` prompt tokens."""
-    generator = torch.Generator().manual_seed(seed)
-    image = randn((1, height * width, 16), generator, torch.device("cpu"), dtype)
-    prompt = randn((1, text, 24), generator, torch.device("cpu"), dtype)
-    timestep = torch.full((1,), 0.25 + 0.5 * torch.rand((), generator=generator).item(), dtype=dtype)
-    if name == "qwen-image":
-        return dict(hidden_states=image, encoder_hidden_states=prompt,
-                    encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.long), timestep=timestep,
-                    img_shapes=[(1, height, width)], return_dict=False)
-    return dict(hidden_states=image, encoder_hidden_states=prompt, timestep=timestep,
-                img_ids=image_ids(height, width), txt_ids=text_ids(text),
-                guidance=torch.full((1,), 4.0), return_dict=False)
+def inputs_at(name: str, height: int, width: int, text: int, seed: int) -> dict[str, object]:
+    """The workload's inputs for a (height x width) latent grid and ``text`` prompt tokens, with a
+    timestep of their own."""
+    workload = get_workload(name)
+    inputs = workload.resized(workload.inputs("tiny", seed=seed), height=height, width=width, text=text, seed=seed)
+    inputs["timestep"] = torch.full((1,), 0.25 + 0.05 * (seed % 10))
+    return inputs
 
 
 def _float64(inputs: dict[str, object]) -> dict[str, object]:
