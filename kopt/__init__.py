@@ -14,6 +14,7 @@ from kopt.backend import (
     last_backend_report,
 )
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.fallback import EagerFallbackWarning
 from kopt.integrations.exports import kopt_post_grad_pass, optimize_pipeline, restore_pipeline
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
 from kopt.passes.by_example import RewritePass, Rule
@@ -24,8 +25,9 @@ from kopt.report import Report
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileOptions", "Contract", "ContractKind", "FunctionPass", "KoptBackend", "KoptModule",
-    "Lowering", "LoweringCheckFailed", "NearMiss", "Pass", "PassContext", "Report", "RewritePass", "Role", "Rule",
+    "CompileOptions", "Contract", "ContractKind", "EagerFallbackWarning", "FunctionPass", "KoptBackend",
+    "KoptModule", "Lowering", "LoweringCheckFailed", "NearMiss", "Pass", "PassContext", "Report", "RewritePass",
+    "Role", "Rule",
     "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",
     "default_pipeline", "kopt_post_grad_pass", "last_backend_report", "make_backend", "optimize_pipeline",
     "restore_pipeline",

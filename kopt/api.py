@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import torch
 
 from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.dynamo_cache import compile_isolated
+from kopt.fallback import EagerFallbackWarning, note_eager_call, watching
 from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec, resolve, with_fp8
@@ -75,6 +79,12 @@ class KoptModule(torch.nn.Module):
 
     Attributes of the original module (``config``, ``dtype``, ...) are reachable through it, and
     its ``state_dict`` is the original's under the ``_orig_mod.`` prefix, as with ``torch.compile``.
+
+    Each ``kopt.compile`` starts with dynamo cache state of its own (:mod:`kopt.dynamo_cache`), so
+    compiling a module again (a notebook cell run twice) never inherits the recompile budget of
+    earlier compilations; when the compiled module is garbage-collected its graphs and the weights
+    derived from them are freed. A call that runs no kopt graph (dynamo's recompile limit) is
+    counted in the report and raises an :class:`EagerFallbackWarning` (:mod:`kopt.fallback`).
     """
 
     def __init__(self, module: torch.nn.Module, backend: KoptBackend, *, fullgraph: bool,
@@ -85,21 +95,30 @@ class KoptModule(torch.nn.Module):
         backend.argument_names = _forward_argument_names(module)
         object.__setattr__(self, "_kopt_backend", backend)
         object.__setattr__(self, "_kopt_compiled",
-                           torch.compile(module, backend=backend, fullgraph=fullgraph, dynamic=dynamic))
+                           compile_isolated(module, backend, fullgraph=fullgraph, dynamic=dynamic))
+        weakref.finalize(self, backend.dispose)  # dynamo keeps every backend alive: drop its graphs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        backend = self._kopt_backend
+        graph_calls, limit_before = backend.graph_calls, backend.report.recompile_limit
         try:
-            if self._kopt_backend.report.graphs:
-                out = self._kopt_compiled(*args, **kwargs)
-            else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
-                with show_progress(self._kopt_backend.options.progress):
-                    log.info("tracing %s with dynamo", type(self._orig_mod).__name__)
+            with watching(backend.report):
+                if backend.report.graphs:
                     out = self._kopt_compiled(*args, **kwargs)
+                else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
+                    with show_progress(backend.options.progress):
+                        log.info("tracing %s with dynamo", type(self._orig_mod).__name__)
+                        out = self._kopt_compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             inner = getattr(error, "inner_exception", None)
             if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
                 raise inner from None  # kopt's own error, not a compiler crash: show it as such
             raise
+        if backend.graph_calls == graph_calls:
+            note_eager_call(backend.report, stacklevel=5)  # the caller of the module
+        elif backend.report.recompile_limit != limit_before:
+            warnings.warn(f"kopt: part of a call runs eagerly from now on when no compiled graph matches: "
+                          f"{backend.report.recompile_limit}", EagerFallbackWarning, stacklevel=4)
         if self._kopt_release_pending:  # the first call compiled every graph of the forward: free what none reads
             object.__setattr__(self, "_kopt_release_pending", False)
             self._kopt_backend.release_unread_weights()
@@ -126,7 +145,7 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             roles: Mapping[str, Role | str] | None = None,
             on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
-            fullgraph: bool = False, dynamic: bool | None = False,
+            fullgraph: bool = False, dynamic: bool | None = None,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
             release_weights: bool = False, progress: bool | None = None,
             check_lowering: bool | None = None) -> KoptModule:
@@ -149,7 +168,12 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
         trace: folder for each pass's graph before/after (``KOPT_DEBUG=1`` uses ``kopt_debug``).
         fuel: apply only the first ``fuel`` rewrites (``KOPT_FUEL``), to bisect numerics.
         memo_entries: step-invariant results kept (one per distinct timestep/guidance value).
-        fullgraph, dynamic: passed to ``torch.compile``; kopt rewrites static-shape graphs.
+        fullgraph: passed to ``torch.compile``.
+        dynamic: as ``torch.compile``'s. ``None`` (default): the first call compiles a graph for its
+            shapes; a call whose sizes differ recompiles once into a graph with symbolic sizes that
+            serves every later size (kopt rewrites both). ``True``: symbolic sizes from the first
+            call. ``False``: one static graph per shape, up to dynamo's recompile limit (8); calls
+            beyond it run eagerly, and the report and an :class:`EagerFallbackWarning` say so.
         fp8: a :class:`kopt.fp8.Fp8Config` (or ``True`` for the defaults): linears with constant
             weights become FP8 GEMMs, weights quantized once at compile time; ``verify=True``
             checks the result against the config's quality gate.

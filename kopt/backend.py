@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._dynamo.exc import RestartAnalysis
 
 from kopt.checks import FirstCall, as_record, check_lowering, writes_in_place
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
@@ -27,6 +28,7 @@ from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
+from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.lower import lower
 from kopt.passes.base import Contract, ContractKind, Fuel, Pass
 from kopt.passes.manager import run_passes
@@ -64,9 +66,9 @@ class CompiledGraph:
     def __init__(self, backend: KoptBackend, dynamo_graph: torch.fx.GraphModule,
                  example_inputs: list[Any], report: GraphReport) -> None:
         self.backend, self.dynamo_graph, self.report = backend, dynamo_graph, report
-        self._build(example_inputs)
+        self._build(example_inputs, in_dynamo=True)
 
-    def _build(self, example_inputs: list[Any]) -> None:
+    def _build(self, example_inputs: list[Any], *, in_dynamo: bool = False) -> None:
         options = self.backend.options
         placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
         roles = classify_inputs(placeholders, example_inputs, dict(options.roles),
@@ -83,24 +85,36 @@ class CompiledGraph:
         self._signature: list[tuple[int, int, int]] = []
         start = time.perf_counter()
         log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
-        rewritten = self._capture_and_rewrite(example_inputs, roles)
+        shape_env = None if in_dynamo else dynamo_shape_env(self.dynamo_graph)
+        guards = len(shape_env.guards) if shape_env is not None else 0
+        rewritten = self._capture_and_rewrite(example_inputs, roles, in_dynamo)
         self.report.capture_seconds = time.perf_counter() - start
         start = time.perf_counter()
         self.report.lowering = options.lower.value
         log.info("graph %d: captured and rewritten in %.1f s; lowering with %s", self.report.index,
                  self.report.capture_seconds, options.lower.value)
-        first = FirstCall(self.dynamo_graph, example_inputs, {r.index for r in roles if r.role is Role.CONSTANT})
+        first = FirstCall(self.dynamo_graph, [concrete(value) for value in example_inputs],  # sizes as on this call
+                          {r.index for r in roles if r.role is Role.CONSTANT})
         if rewritten is not None and self._verified(first, rewritten):
             try:
                 self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
                 self.captured = rewritten
                 self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
+            except RestartAnalysis:  # dynamo retraces the frame (it specializes a float Inductor met)
+                raise
             except Exception as error:  # lowering the rewritten graph failed: lower the original
                 if options.strict:
                     raise
                 self.report.fallback = f"lowering the rewritten graph failed: {type(error).__name__}: {error}"
+        if self.captured is not None and guards_since(shape_env, guards):
+            # captured again after dynamo compiled the frame (a weight change): a size guard added now
+            # would never be checked, so the graph could run at sizes it is wrong for
+            self.captured, self._signature = None, []
+            self.report.fallback = ("capturing again after a weight change needed new size guards "
+                                    f"({'; '.join(guards_since(shape_env, guards)[:3])}): running the original graph")
         if self.captured is None:
-            original = self.dynamo_graph.forward if options.lower is Lowering.EAGER else None
+            # captured again with symbolic sizes: Inductor outside dynamo would compile for this call's sizes
+            original = self.dynamo_graph.forward if options.lower is Lowering.EAGER or shape_env else None
             self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
             if not self.report.fallback:
                 self.report.lowering += " (original graph: no rewrite fired)"
@@ -118,19 +132,22 @@ class CompiledGraph:
         lowering = lowering or options.lower
         frontier = graph_module.meta.get(HOIST_KEY)
         if not frontier:
-            return self._replayed(lower(graph_module, user_args, lowering), user_args)
+            return self._replayed(lower(graph_module, lowering_examples(graph_module, user_args), lowering),
+                                  user_args)
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(lower(graph_module, user_args, lowering), user_args)
+            return self._replayed(lower(graph_module, lowering_examples(graph_module, user_args), lowering),
+                                  user_args)
         keys = [user_args[i] for i in split.key_positions]
         with torch.no_grad():
-            hoisted = list(split.invariant(*keys))
+            hoisted = list(split.invariant(*[concrete(k) for k in keys]))
         log.info("graph %d: lowering the step-invariant stage", self.report.index)
-        invariant = lower(split.invariant, keys, lowering)
+        invariant = lower(split.invariant, lowering_examples(split.invariant, keys), lowering)
         log.info("graph %d: lowering the per-call stage", self.report.index)
-        main = self._replayed(lower(split.main, user_args + hoisted, lowering), user_args + hoisted)
+        main_examples = lowering_examples(split.main, user_args + hoisted)
+        main = self._replayed(lower(split.main, main_examples, lowering), user_args + hoisted)
         self.report.memo = MemoStats()
         return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)
 
@@ -144,13 +161,16 @@ class CompiledGraph:
         self.report.cuda_graphs = runner.stats
         return runner
 
-    def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole]) -> CapturedGraph | None:
+    def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole],
+                             in_dynamo: bool) -> CapturedGraph | None:
         options = self.backend.options
         try:
-            captured = capture(self.dynamo_graph, example_inputs, roles)
+            captured = capture(self.dynamo_graph, example_inputs, roles, in_dynamo=in_dynamo)
         except CaptureUnsupported as reason:
             self.report.fallback = f"capture unsupported: {reason}"
             return None
+        except RestartAnalysis:  # capture asked dynamo to retrace with the module's floats specialized
+            raise
         except Exception as error:  # a capture bug must not break the user's model either
             if options.strict:
                 raise
@@ -256,7 +276,13 @@ class CompiledGraph:
                 return True
         return False
 
+    def dispose(self) -> None:
+        """Drop the compiled graph and everything it holds (frozen and derived weights)."""
+        self.runner, self.captured, self.constant_inputs, self._signature = _discarded, None, [], []
+        self.dynamo_graph = None  # type: ignore[assignment]
+
     def __call__(self, *args: Any) -> Any:
+        self.backend.graph_calls += 1  # kopt.fallback: a call of the module that ran no graph ran eagerly
         stale = self.generation != self.backend.generation
         if stale or (self._signature and self._weights_changed(args)):
             policy = self.backend.options.on_weight_change
@@ -273,6 +299,10 @@ class CompiledGraph:
         return self.runner(*args)
 
 
+def _discarded(*args: Any) -> Any:
+    raise RuntimeError("kopt: this graph belongs to a kopt.compile'd module that was garbage-collected")
+
+
 class KoptBackend:
     """A dynamo backend with its own passes, options and report."""
 
@@ -284,7 +314,15 @@ class KoptBackend:
         self.generation = 0
         self.argument_names: tuple[str, ...] = ()  # the forward signature, to name positional inputs
         self.compiled: list[CompiledGraph] = []
+        self.graph_calls = 0  # compiled graphs run so far (kopt.fallback)
         self._breaks_before = _graph_breaks()
+
+    def dispose(self) -> None:
+        """Free every compiled graph: the module compiled with this backend is gone, but dynamo keeps
+        each backend (and the graphs in its cache) alive until ``torch._dynamo.reset()``."""
+        for graph in self.compiled:
+            graph.dispose()
+        self.compiled.clear()
 
     def release_unread_weights(self) -> int:
         """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`)."""
@@ -308,10 +346,17 @@ class KoptBackend:
         self.report.graph_breaks = [f"{reason} (×{count - self._breaks_before.get(reason, 0)})"
                                     for reason, count in now.items()
                                     if count > self._breaks_before.get(reason, 0)]
-        with show_progress(self.options.progress):
-            compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        try:
+            with show_progress(self.options.progress):
+                compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
+        except RestartAnalysis:  # dynamo traces the frame again and calls the backend with the new graph
+            self.report.graphs.remove(graph_report)
+            raise
         self.compiled.append(compiled)
-        return compiled
+        # a bound method, not the object: dynamo wraps what a backend returns with functools.wraps,
+        # which copies the object's __dict__ (every graph and weight it holds) into the wrapper,
+        # out of reach of dispose()
+        return compiled.__call__
 
 
 _ENTRY_POINT_BACKENDS: dict[str, KoptBackend] = {}  # one per distinct options, so reports accumulate

@@ -59,6 +59,9 @@ class Report:
     graphs: list[GraphReport] = dataclasses.field(default_factory=list)
     graph_breaks: list[str] = dataclasses.field(default_factory=list)
     released_bytes: int = 0  # weights freed by release_weights=True (no compiled graph reads them)
+    eager_calls: int = 0  # calls that ran no kopt graph at all (kopt.fallback)
+    eager_fallback: str | None = None  # why the last of them did
+    recompile_limit: str | None = None  # dynamo's recompile-limit warning for this module, if it hit one
 
     def pass_records(self, name: str) -> list[PassRecord]:
         return [p for g in self.graphs for p in g.passes if p.name == name]
@@ -89,6 +92,10 @@ def render(report: Report, max_near_misses: int = 5) -> str:
     lines = [f"kopt report: {len(report.graphs)} graph(s), {len(report.graph_breaks)} graph break(s)"]
     for reason in report.graph_breaks:
         lines.append(f"  graph break: {reason}")
+    if report.eager_calls:
+        lines.append(f"  EAGER FALLBACK: {report.eager_calls} call(s) ran without kopt: {report.eager_fallback}")
+    elif report.recompile_limit:
+        lines.append(f"  EAGER FALLBACK for calls no compiled graph matches: {report.recompile_limit}")
     if report.released_bytes:
         lines.append(f"  released {report.released_bytes / 2**20:,.1f} MiB of module weights no compiled graph reads "
                      "(release_weights=True)")

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 import torch
 
 from kopt.codegen.ops import FLOAT_DTYPES, REDUCTIONS
+from kopt.fx.symbolic import is_symbolic
 
 aten = torch.ops.aten
 Shape = tuple[int, ...]
@@ -154,8 +155,9 @@ def _arg(node: torch.fx.Node, position: int, name: str, default: object = None) 
 
 
 def _shape(node: torch.fx.Node) -> Shape | None:
+    """The node's shape: ints, or SymInts (symbolic sizes; ``int()`` would add a guard)."""
     value = node.meta.get("val")
-    return tuple(int(d) for d in value.shape) if isinstance(value, torch.Tensor) else None
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def _reduction_dims_reason(node: torch.fx.Node, dims: object, source_rank: int) -> str | None:
@@ -336,6 +338,9 @@ def build_region(nodes: Iterable[torch.fx.Node], position: Positions | None = No
             return f"input {node.name} has no tensor metadata"
         if value.dtype not in FLOAT_DTYPES + (torch.bool,):
             return f"input {node.name} is {value.dtype}; the kernel computes in float32"
+        if is_symbolic(value):
+            return (f"input {node.name} has symbolic sizes {tuple(value.shape)} (dynamic shapes): generated "
+                    "kernels are built for static shapes")
         inputs.append(Input(node.name, _shape(node), value.dtype))
     try:
         full = tuple(torch.broadcast_shapes(*(i.shape for i in inputs)))

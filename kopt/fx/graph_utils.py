@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from kopt.fx.symbolic import allowing_real_constants, fake_mode_of, has_shape_env, is_symbolic, static_int
 
 PROVENANCE = "kopt_provenance"
 
@@ -94,11 +97,20 @@ def stamp(node: torch.fx.Node, *, pass_name: str, rule: str) -> None:
 
 
 def refresh_meta(graph_module: torch.fx.GraphModule, example_fakes: Iterable[object] | None = None) -> None:
-    """Recompute ``meta["val"]`` on every node with FakeTensor propagation (shapes after a rewrite)."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    """Recompute ``meta["val"]`` on every node with FakeTensor propagation (shapes after a rewrite).
+
+    A graph with symbolic sizes is propagated in the FakeTensorMode its inputs belong to (dynamo's,
+    whose ShapeEnv knows the symbols), with those very fakes; a static one in a fresh mode."""
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     if example_fakes is None:
         example_fakes = [n.meta["val"] for n in placeholders]
+    example_fakes = list(example_fakes)
+    mode = fake_mode_of(example_fakes)
+    if any(is_symbolic(v) for v in example_fakes) and has_shape_env(mode):
+        with allowing_real_constants(mode):  # type: ignore[arg-type]
+            FakeTensorProp(graph_module, mode).propagate_dont_convert_inputs(*example_fakes)
+        return
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     inputs = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in example_fakes]
     FakeTensorProp(graph_module, mode).propagate_dont_convert_inputs(*inputs)
 
@@ -120,3 +132,23 @@ def only_user(node: torch.fx.Node, target: object = None) -> torch.fx.Node | Non
     if len(users) != 1 or (target is not None and users[0].target is not target):
         return None
     return users[0]
+
+
+def size_arg(graph: torch.fx.Graph, node: torch.fx.Node, dim: int) -> object:
+    """``node``'s size along ``dim`` as a node argument: the int when it is static, else a
+    ``sym_size`` node (a SymInt object must never be baked into a node's arguments: the graph would
+    hold the size of the call it was traced on)."""
+    size = meta_value(node).shape[dim]  # type: ignore[union-attr]
+    fixed = static_int(size)
+    if fixed is not None:
+        return fixed
+    return graph.call_function(torch.ops.aten.sym_size.int, (node, dim))
+
+
+def add_sizes(graph: torch.fx.Graph, a: object, b: object) -> object:
+    """``a + b`` for sizes given as ints or SymInt-valued nodes (an int when both are ints)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if a == 0:
+        return b
+    return graph.call_function(operator.add, (a, b))

@@ -29,6 +29,12 @@ _STEP_INVARIANT = (
 )
 
 
+# A symbolic size (dynamic shapes) is the same on every call with that size, so what depends only on
+# sizes and step-invariant inputs (RoPE tables from the sequence lengths) can be hoisted: the memo
+# keys on the size's value, so a call with another size computes its own entry.
+_SIZE_REASON = "a size (dynamic shapes): the memo keys on its value"
+
+
 @dataclasses.dataclass(frozen=True)
 class InputRole:
     """The binding time of one graph input and the rule that decided it."""
@@ -88,6 +94,8 @@ def classify_inputs(placeholders: list[torch.fx.Node], example_inputs: list[obje
         argument = argument_name(source, positional)
         if isinstance(value, torch.nn.Parameter) or is_module_state(source):
             roles.append(InputRole(index, source, None, Role.CONSTANT, "module parameter or buffer"))
+        elif isinstance(value, torch.SymInt):
+            roles.append(InputRole(index, source, argument, Role.STEP_INVARIANT, _SIZE_REASON))
         elif argument is not None and argument in explicit:
             roles.append(InputRole(index, source, argument, explicit[argument], "given in roles="))
         elif argument is not None:

@@ -24,7 +24,8 @@ import torch
 from torch.fx.operator_schemas import normalize_function
 
 from kopt.fp8.config import Fp8Config
-from kopt.fx.graph_utils import calls, meta_value, replace, stamp, swaps_dims_1_and_2
+from kopt.fx.graph_utils import calls, meta_value, replace, size_arg, stamp, swaps_dims_1_and_2
+from kopt.fx.symbolic import fake_mode_for, known_equal, same_sizes, static_int
 from kopt.kernels import fp8_attention as kernel
 from kopt.passes.base import PassContext, accepted_matches
 from kopt.passes.fp8_pass import Fp8Pass
@@ -56,10 +57,10 @@ def match(node: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
     if params.get("enable_gqa", False):
         return "grouped-query attention"
     q, k, v = (meta_value(params[name]) for name in ("query", "key", "value"))
-    if q is None or k is None or v is None or q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
-            or q.shape[3] != k.shape[3]:
+    if q is None or k is None or v is None or q.dim() != 4 or not same_sizes(k.shape, v.shape) \
+            or not same_sizes(q.shape[:2], k.shape[:2]) or not known_equal(q.shape[3], k.shape[3]):
         return "not (B, H, S, D) q, k, v with equal B, H, D"
-    if q.shape[3] not in kernel.HEAD_DIMS:
+    if static_int(q.shape[3]) not in kernel.HEAD_DIMS:
         return f"head dim {q.shape[3]} (the kernel takes {list(kernel.HEAD_DIMS)})"
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"{q.dtype} attention"
@@ -68,8 +69,8 @@ def match(node: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
         value = meta_value(mask)
         if value is None or not value.is_floating_point():
             return "a boolean mask (the kernel takes an additive float key mask)"
-        if value.dim() != 4 or value.shape[1] != 1 or value.shape[2] != 1 or value.shape[3] != k.shape[2] \
-                or value.shape[0] not in (1, q.shape[0]):
+        if value.dim() != 4 or not same_sizes(value.shape[1:], (1, 1, k.shape[2])) \
+                or not (known_equal(value.shape[0], 1) or known_equal(value.shape[0], q.shape[0])):
             return f"a {tuple(value.shape)} mask: only key masks (B or 1, 1, 1, S_k) are supported"
     if node.target is not aten.scaled_dot_product_attention.default:
         if any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users):
@@ -107,15 +108,18 @@ class Fp8Attention(Fp8Pass):
         for target in TARGETS:
             for node, (q, k, v, mask, scale) in accepted_matches(graph, target, match, ctx, RULE):
                 q_val, k_val = meta_value(q), meta_value(k)
-                batch, keys = q_val.shape[0], k_val.shape[2]
+                keys = static_int(k_val.shape[2])  # None: a symbolic key count (dynamic shapes)
                 with graph.inserting_before(node):
-                    bias, window = None, (0, keys)
+                    bias, window = None, (0, -1)  # -1: to the last key
                     if mask is not None:
-                        window = bias_window(mask, keys)
-                        windows.append((*window, keys))
-                        bias = graph.call_function(aten.reshape.default, (mask, [meta_value(mask).shape[0], keys]))
-                        if meta_value(mask).shape[0] != batch:
-                            bias = graph.call_function(aten.expand.default, (bias, [batch, keys]))
+                        if keys is not None:  # the window analysis works on known lengths
+                            window = bias_window(mask, keys)
+                            windows.append((*window, keys))
+                        key_arg = keys if keys is not None else size_arg(graph, k, 2)
+                        mask_batch = meta_value(mask).shape[0]
+                        bias = graph.call_function(aten.reshape.default, (mask, [size_arg(graph, mask, 0), key_arg]))
+                        if not known_equal(mask_batch, q_val.shape[0]):  # a (1, S_k) mask for every sample
+                            bias = graph.call_function(aten.expand.default, (bias, [size_arg(graph, q, 0), key_arg]))
                         stamp(bias, pass_name=self.name, rule=RULE)
                     softmax_scale = q_val.shape[3] ** -0.5 if scale is None else scale
                     v_tail = None
@@ -125,7 +129,8 @@ class Fp8Attention(Fp8Pass):
                         joined_values += 1
                     fused = graph.call_function(torch.ops.kopt.fp8_attention.default,
                                                 (q, k, v, bias, float(softmax_scale), *window, v_tail))
-                    fused.meta["val"] = kernel.empty_output(q_val)
+                    with fake_mode_for(q_val):  # its sizes may be symbolic: allocate it as a fake
+                        fused.meta["val"] = kernel.empty_output(q_val)
                 if node.target is aten.scaled_dot_product_attention.default:
                     replace(node, fused, pass_name=self.name, rule=RULE)
                 else:

@@ -21,6 +21,7 @@ import torch
 from kopt.fp8.quantize import FP8
 from kopt.fx.constants import transposed_constant
 from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.fx.symbolic import same_sizes, static_int
 from kopt.kernels import fp8_gemv as _gemv_op
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
@@ -36,7 +37,8 @@ def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
         return None
     q_x, mat2, x_scale, w_scale = gemm.args[:4]
     x, out = meta_value(q_x), meta_value(gemm)
-    if x is None or out is None or x.dim() != 2 or not 1 <= x.shape[0] <= _gemv_op.MAX_ROWS:
+    rows = static_int(x.shape[0]) if x is not None and x.dim() == 2 else None  # symbolic rows: not skinny
+    if out is None or rows is None or not 1 <= rows <= _gemv_op.MAX_ROWS:
         return None
     if set(gemm.kwargs) - {"bias", "out_dtype", "use_fast_accum"} or len(gemm.args) > 4:
         return "the GEMM has arguments beyond the bias, output dtype and fast accumulation"
@@ -46,7 +48,7 @@ def match(gemm: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str | None:
     w, xs, ws = (meta_value(n) for n in (weight, x_scale, w_scale))
     if w is None or xs is None or ws is None or w.dtype != FP8 or x.dtype != FP8:
         return "not an FP8 x FP8 GEMM"
-    if tuple(xs.shape) != (x.shape[0], 1) or tuple(ws.shape) != (1, w.shape[0]):
+    if not same_sizes(xs.shape, (rows, 1)) or not same_sizes(ws.shape, (1, w.shape[0])):
         return "the scales are not row-wise (M, 1) and (1, N)"
     if w.numel() < MIN_WEIGHT_BYTES:
         return f"the weight is {w.numel() / 2**20:.1f} MiB, below {MIN_WEIGHT_BYTES >> 20} MiB: cuBLAS is kept"

@@ -40,7 +40,8 @@ from kopt.fx.constants import (
     weight_of,
     weight_paths,
 )
-from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.fx.graph_utils import meta_value, replace, size_arg, stamp
+from kopt.fx.symbolic import static_int
 from kopt.passes.base import PassContext
 from kopt.passes.fp8_pass import Fp8Pass
 
@@ -91,6 +92,8 @@ def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
     block = block_shape(Granularity(config.granularity), Operand.WEIGHT)
     if block and (value.shape[1] % BLOCK or value.shape[0] % BLOCK):
         return f"{tuple(value.shape)} weight: block-scaled GEMMs need both dims divisible by {BLOCK}"
+    if block and value.is_cuda and static_int(x.numel() // x.shape[-1]) is None:
+        return "symbolic number of rows: cuBLAS' block-scaled GEMM is checked per shape on the GPU"
     if block and value.is_cuda:
         refused = block_mm.cuda_shape_check(value.device.index or 0, x.numel() // x.shape[-1], value.shape[1],
                                             value.shape[0], block[0])
@@ -105,7 +108,7 @@ def _quantize_activation(graph: torch.fx.Graph, x: torch.fx.Node, granularity: G
     call = graph.call_function
     xf = call(aten._to_copy.default, (x,), {"dtype": torch.float32})
     if block_shape(granularity, Operand.ACTIVATION) is not None:
-        return _quantize_activation_blocks(graph, xf, tuple(meta_value(x).shape))
+        return _quantize_activation_blocks(graph, xf, meta_value(x).shape[-1])
     magnitude = call(aten.abs.default, (xf,))
     if granularity is Granularity.ROW:
         amax = call(aten.amax.default, (magnitude, [-1], True))
@@ -128,13 +131,14 @@ def _cast_node(graph: torch.fx.Graph, values: torch.fx.Node, scale: torch.fx.Nod
     return call(aten._to_copy.default, (clamped,), {"dtype": FP8})
 
 
-def _quantize_activation_blocks(graph: torch.fx.Graph, xf: torch.fx.Node, shape: tuple[int, ...]
+def _quantize_activation_blocks(graph: torch.fx.Graph, xf: torch.fx.Node, cols: int
                                 ) -> tuple[torch.fx.Node, torch.fx.Node]:
     """1×128 blocks of the (M, K) float32 activation: q (M, K) and scales (M, K/128), the scales
     computed as (K/128, M) and viewed transposed, i.e. column-major, the order Hopper's
-    block-scaled GEMM reads (so that no call re-packs them)."""
+    block-scaled GEMM reads (so that no call re-packs them). M is left to the reshape (-1): it may
+    be a symbolic size; K is the constant weight's."""
     call = graph.call_function
-    rows, cols = shape
+    rows = -1
     tiles = call(aten.reshape.default, (xf, [rows, cols // BLOCK, BLOCK]))
     by_block = call(aten.permute.default, (call(aten.abs.default, (tiles,)), [1, 0, 2]))
     amax = call(aten.amax.default, (by_block, [-1]))  # (K/128, M)
@@ -208,9 +212,11 @@ class Fp8Linear(Fp8Pass):
             out_dtype = meta_value(node).dtype
             with graph.inserting_before(node):
                 x = _activation(node)
-                batched = meta_value(x).shape if node.target is aten.bmm.default else None
-                if batched is not None:  # (B, S, K) -> (B·S, K): a copy only if the view cannot be flattened
-                    x = graph.call_function(aten.reshape.default, (x, [batched[0] * batched[1], batched[2]]))
+                batched = None
+                if node.target is aten.bmm.default:  # (B, S) of the activation, as ints or sym_size nodes
+                    batched = [size_arg(graph, x, 0), size_arg(graph, x, 1)]
+                    # (B, S, K) -> (B·S, K): a copy only if the view cannot be flattened
+                    x = graph.call_function(aten.reshape.default, (x, [-1, meta_value(x).shape[2]]))
                 q_x, x_scale = _quantize_activation(graph, x, granularity)
                 if weight_block is not None:
                     mat2 = q_node
@@ -227,7 +233,7 @@ class Fp8Linear(Fp8Pass):
                     if bias is not None and epilogue_bias is None:
                         gemm = graph.call_function(aten.add.Tensor, (gemm, bias))
                 if batched is not None:
-                    gemm = graph.call_function(aten.reshape.default, (gemm, [*batched[:2], q_weight.shape[0]]))
+                    gemm = graph.call_function(aten.reshape.default, (gemm, [*batched, q_weight.shape[0]]))
             for new in (q_x, x_scale, mat2):
                 stamp(new, pass_name=self.name, rule=RULE)
             replace(node, gemm, pass_name=self.name, rule=RULE)

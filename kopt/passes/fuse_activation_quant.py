@@ -25,6 +25,7 @@ import torch
 
 from kopt.fp8.quantize import FP8, FP8_MAX, MIN_AMAX
 from kopt.fx.graph_utils import RESHAPES, calls, meta_value, only_user, stamp
+from kopt.fx.symbolic import static_int
 from kopt.kernels import activation_quant as _registers_the_op  # noqa: F401  (torch.ops.kopt.activation_quant)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
@@ -74,12 +75,16 @@ def _swiglu(node: object) -> torch.fx.Node | str:
         return "the SwiGLU halves are not slices of one tensor"
     h = gate.args[0]
     h_val = meta_value(h)
-    if h_val is None or h_val.shape[-1] % 2:
+    width = static_int(h_val.shape[-1]) if h_val is not None and h_val.dim() else None
+    if width is None:
+        return "the SwiGLU input's last dim is unknown or symbolic"
+    if width % 2:
         return "the SwiGLU input has an odd last dim"
-    f, last = h_val.shape[-1] // 2, h_val.dim() - 1
+    f, last = width // 2, h_val.dim() - 1
     gate_slice = (gate.args[1] in (-1, last), gate.args[2] if len(gate.args) > 2 else 0, gate.args[3])
     up_slice = (up.args[1] in (-1, last), up.args[2], up.args[3] if len(up.args) > 3 else _END)
-    if gate_slice != (True, 0, f) or up_slice[:2] != (True, f) or up_slice[2] < 2 * f:
+    if gate_slice != (True, 0, f) or up_slice[:2] != (True, f) or not isinstance(up_slice[2], int) \
+            or up_slice[2] < 2 * f:
         return "the halves are not h[..., :F] (through silu) and h[..., F:]"
     if len(node.users) != 1:
         return "the SwiGLU output is read elsewhere: it would be computed twice"

@@ -18,6 +18,7 @@ import torch
 
 from kopt.fx.binding_time import is_view
 from kopt.fx.graph_utils import only_user, replace
+from kopt.fx.symbolic import known_equal, same_sizes, shape_in
 from kopt.kernels import adaln_modulation as _registers_the_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 
@@ -37,7 +38,7 @@ def _plus_one_operand(node: object) -> torch.fx.Node | None:
     while isinstance(node, torch.fx.Node) and is_view(node) and node.target is not operator.getitem:
         source = node.args[0]
         same_count = (isinstance(source, torch.fx.Node) and "val" in source.meta and "val" in node.meta
-                      and source.meta["val"].numel() == node.meta["val"].numel())
+                      and known_equal(source.meta["val"].numel(), node.meta["val"].numel()))
         if not same_count or node.target not in _ORDER_KEEPING_VIEWS:
             return None
         node = source
@@ -51,9 +52,9 @@ def _plus_one_operand(node: object) -> torch.fx.Node | None:
     return None
 
 
-def _modulation_shape_ok(value: object, batch: int, width: int) -> bool:
+def _modulation_shape_ok(value: object, batch: object, width: object) -> bool:
     shape = tuple(getattr(value, "shape", ()))
-    return shape in ((batch, 1, width), (batch, width), (1, width) if batch == 1 else ())
+    return shape_in(shape, ((batch, 1, width), (batch, width), (1, width) if known_equal(batch, 1) else ()))
 
 
 def match(norm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, float] | str:
@@ -62,8 +63,10 @@ def match(norm: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.N
     x_val = x.meta.get("val")
     if weight is not None or bias is not None:
         return "layer norm has affine parameters"
-    if x_val is None or x_val.dim() != 3 or list(normalized_shape) != [x_val.shape[-1]]:
+    if x_val is None or x_val.dim() != 3 or not same_sizes(list(normalized_shape), [x_val.shape[-1]]):
         return "not a last-dimension norm of a (B, S, N) tensor"
+    if not isinstance(eps, (int, float)):
+        return "eps is not a number known at compile time"
     getters = [g for g in norm.users if g.users]  # unused getitems are dead code, not readers
     if len(getters) != 1 or getters[0].target is not operator.getitem or getters[0].args[1] != 0:
         return "mean or rstd of the norm is used elsewhere"

@@ -16,7 +16,8 @@ one, so |o| ≤ max |V|; :mod:`kopt.kernels.fp8_attention_quant`).
 Valid when every reader of the attention output is such a quantization, reached through the
 head-merging permute and view, an optional slice of the sequence and the 2-D view ``fp8-linear``
 made; a bf16 reader (FLUX.2's single-stream blocks concatenate the output with the MLP's) would
-need the bf16 output too, so the attention is left alone, with that reason. The scale differs
+need the bf16 output too, so the attention is left alone, with that reason; so is an attention whose
+sequence length is symbolic (dynamic shapes), whose row ranges are not known. The scale differs
 from the row's own amax, so the contract is ``quality`` (the FP8 gate), as for ``fp8-attention``.
 """
 
@@ -29,6 +30,7 @@ import torch
 from kopt.fp8.config import Fp8Config
 from kopt.fp8.quantize import FP8
 from kopt.fx.graph_utils import RESHAPES, calls, meta_value, stamp, swaps_dims_1_and_2
+from kopt.fx.symbolic import static_int
 from kopt.kernels import fp8_attention_quant as kernel
 from kopt.passes.base import PassContext, accepted_matches
 from kopt.passes.fp8_pass import Fp8Pass
@@ -112,6 +114,9 @@ def _split_pieces(split: torch.fx.Node, seq: int) -> list[tuple[torch.fx.Node, t
 def match(attention: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple[int, int], torch.fx.Node]] | str:
     """Per reader: (its FP8 GEMM, the sequence range it reads, the 2-D view it quantizes), or why not."""
     out = meta_value(attention)
+    if any(static_int(size) is None for size in out.shape):
+        return ("symbolic batch or sequence length (dynamic shapes): the rows each projection reads are not "
+                "known at compile time")
     batch, heads, seq, head_dim = out.shape
     permutes = list(attention.users)
     if len(permutes) != 1 or not swaps_dims_1_and_2(permutes[0]):

@@ -19,6 +19,7 @@ import operator
 import torch
 
 from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.fx.symbolic import same_sizes, shape_in
 from kopt.kernels import adaln_modulation as _adaln_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.kernels import gated_residual as _gated_op  # noqa: F401  (torch.ops.kopt.gated_residual)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
@@ -48,9 +49,9 @@ def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     a, b = product.args[:2]
     batch, width = _shape(x)[0] if _shape(x) else -1, _shape(x)[-1] if _shape(x) else -1
     gates = ((batch, 1, width), (batch, width))
-    if _shape(a) in gates and _shape(b) == _shape(r):
+    if shape_in(_shape(a), gates) and same_sizes(_shape(b), _shape(r)):
         gate, y = a, b
-    elif _shape(b) in gates and _shape(a) == _shape(r):
+    elif shape_in(_shape(b), gates) and same_sizes(_shape(a), _shape(r)):
         gate, y = b, a
     else:
         return "not gate (B, 1, N) times y (B, S, N) with y shaped like the residual"

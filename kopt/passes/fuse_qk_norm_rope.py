@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from kopt.fx.graph_utils import meta_value, only_user, replace
+from kopt.fx.symbolic import same_sizes
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
 from kopt.passes.rms_norm_match import is_cast, rms_norm
@@ -51,9 +52,9 @@ def match(complex_view: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     x_val, freqs_val, result_val = meta_value(x), meta_value(freqs), meta_value(result)
     if x_val is None or x_val.dim() != 4 or freqs_val is None or not freqs_val.is_complex():
         return "x is not (B, S, H, D) or the table is not complex"
-    if tuple(freqs_val.shape) != (x_val.shape[1], x_val.shape[3] // 2):
+    if not same_sizes(freqs_val.shape, (x_val.shape[1], x_val.shape[3] // 2)):
         return f"table shape {tuple(freqs_val.shape)} is not (S, D/2)"
-    if result_val is None or result_val.dtype != x_val.dtype or result_val.shape != x_val.shape:
+    if result_val is None or result_val.dtype != x_val.dtype or not same_sizes(result_val.shape, x_val.shape):
         return "the result is not cast back to the input's dtype and shape"
     return x, weight, eps, freqs, result
 

@@ -25,7 +25,8 @@ import operator
 
 import torch
 
-from kopt.fx.graph_utils import RESHAPES, meta_value, only_user, replace
+from kopt.fx.graph_utils import RESHAPES, add_sizes, meta_value, only_user, replace, size_arg
+from kopt.fx.symbolic import known_equal, same_sizes
 from kopt.kernels import joint_qk_norm_rope as _registers_joint  # noqa: F401  (torch.ops.kopt.qk_norm_rope_joint)
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
@@ -61,20 +62,23 @@ def _rotated_source(stack: torch.fx.Node) -> torch.fx.Node | str:
     pairs = unbind.args[0]
     pairs_val = meta_value(pairs)
     if not (isinstance(pairs, torch.fx.Node) and pairs.target in RESHAPES and pairs_val is not None
-            and _is_last(unbind.args[1] if len(unbind.args) > 1 else 0, pairs_val.dim()) and pairs_val.shape[-1] == 2):
+            and _is_last(unbind.args[1] if len(unbind.args) > 1 else 0, pairs_val.dim())
+            and known_equal(pairs_val.shape[-1], 2)):
         return "unbind is not of a (..., D/2, 2) view of the normalized value"
     return pairs.args[0]
 
 
-def _table(broadcast: object, s: int, d: int) -> torch.fx.Node | str:
-    """The (S, D) table behind ``table[None, :, None, :]`` (a chain of unsqueezes), or why not."""
+def _table(broadcast: object, s: object, d: int) -> torch.fx.Node | str:
+    """The (S, D) table behind ``table[None, :, None, :]`` (a chain of unsqueezes), or why not.
+    Sizes are compared without adding guards (:func:`~kopt.fx.symbolic.same_sizes`)."""
     node = broadcast
     while isinstance(node, torch.fx.Node) and node.target is aten.unsqueeze.default:
         node = node.args[0]
     value = meta_value(node)
-    if value is None or tuple(value.shape) != (s, d):
+    if value is None or not same_sizes(value.shape, (s, d)):
         return f"the table is not an (S, D) = ({s}, {d}) tensor broadcast over batch and heads"
-    if tuple(meta_value(broadcast).shape) not in ((1, s, 1, d), (s, 1, d)):
+    broadcast_shape = meta_value(broadcast).shape
+    if not (same_sizes(broadcast_shape, (1, s, 1, d)) or same_sizes(broadcast_shape, (s, 1, d))):
         return "the table is not broadcast as [None, :, None, :]"
     return node  # type: ignore[return-value]
 
@@ -104,7 +108,7 @@ def match(stack: torch.fx.Node) -> tuple | str:
         return "the rotated value is not (B, S, H, D)"
     _, s, _, d = n_val.shape
     rotated = only_user(stack)
-    if rotated is None or rotated.target not in RESHAPES or tuple(meta_value(rotated).shape) != tuple(n_val.shape):
+    if rotated is None or rotated.target not in RESHAPES or not same_sizes(meta_value(rotated).shape, n_val.shape):
         return "the stacked halves are not viewed back to (B, S, H, D)"
     rotated_cast = only_user(rotated)
     while rotated_cast is not None and is_cast(rotated_cast):
@@ -132,16 +136,17 @@ def match(stack: torch.fx.Node) -> tuple | str:
     if isinstance(segments, str):
         return segments
     result_val = meta_value(result)
-    if result_val is None or result_val.dtype != meta_value(segments[0][0]).dtype or result_val.shape != n_val.shape:
+    if (result_val is None or result_val.dtype != meta_value(segments[0][0]).dtype
+            or not same_sizes(result_val.shape, n_val.shape)):
         return "the result is not cast back to the input's dtype and shape"
     return segments, cos, sin, result
 
 
-def _segments(n: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node | None, float, int]] | str:
-    """[(x, weight, eps, S)] if n is one RMSNorm or a sequence-dim cat of RMSNorms, else why not."""
+def _segments(n: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node | None, float]] | str:
+    """[(x, weight, eps)] if n is one RMSNorm or a sequence-dim cat of RMSNorms, else why not."""
     single = rms_norm(n)
     if not isinstance(single, str):
-        return [(*single, meta_value(n).shape[1])]
+        return [single]
     joint = through_casts(n)
     if not (isinstance(joint, torch.fx.Node) and joint.target is aten.cat.default):
         return single
@@ -153,7 +158,7 @@ def _segments(n: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node | Non
         norm = rms_norm(part)
         if isinstance(norm, str):
             return f"a joint stream is not normalized: {norm}"
-        segments.append((*norm, meta_value(part).shape[1]))
+        segments.append(norm)
     dtypes = {meta_value(x).dtype for x, *_ in segments}
     if len(dtypes) != 1:
         return f"the streams have different dtypes {sorted(map(str, dtypes))}"
@@ -184,19 +189,20 @@ class FuseQKNormRopeReal(Pass):
             with graph.inserting_before(result):
                 cos32, sin32 = _float_table(graph, cos), _float_table(graph, sin)
                 if len(segments) == 1:
-                    x, weight, eps, _ = segments[0]
+                    x, weight, eps = segments[0]
                     fused = graph.call_function(torch.ops.kopt.qk_norm_rope.default,
                                                 (x, weight, cos32, sin32, eps, "real"))
                 else:
                     coses, sines, offset = [], [], 0
-                    for *_, length in segments:
-                        coses.append(graph.call_function(aten.slice.Tensor, (cos32, 0, offset, offset + length)))
-                        sines.append(graph.call_function(aten.slice.Tensor, (sin32, 0, offset, offset + length)))
-                        offset += length
+                    for x, *_ in segments:  # each stream's rows of the table; sizes may be symbolic
+                        end = add_sizes(graph, offset, size_arg(graph, x, 1))
+                        coses.append(graph.call_function(aten.slice.Tensor, (cos32, 0, offset, end)))
+                        sines.append(graph.call_function(aten.slice.Tensor, (sin32, 0, offset, end)))
+                        offset = end
                     fused = graph.call_function(
                         torch.ops.kopt.qk_norm_rope_joint.default,
-                        ([x for x, *_ in segments], [w for _, w, *_ in segments], coses, sines,
-                         [e for _, _, e, _ in segments], "real"))
+                        ([x for x, *_ in segments], [w for _, w, _ in segments], coses, sines,
+                         [e for _, _, e in segments], "real"))
             replace(result, fused, pass_name=self.name, rule=rule)
         graph.eliminate_dead_code()
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from kopt.fx.graph_utils import meta_value
+from kopt.fx.symbolic import known_equal, static_int
 
 __all__ = ["UNKNOWN", "bias_window", "key_runs"]
 
@@ -64,8 +65,10 @@ def _is_zero(value: object) -> bool:
 
 
 def _key_length(node: torch.fx.Node) -> int | None:
+    """The key dimension's length; None when unknown, or symbolic (dynamic shapes: the analysis
+    would have to guard on it, so it gives up and the window stays the whole key range)."""
     value = meta_value(node)
-    return None if value is None or value.dim() == 0 else int(value.shape[-1])
+    return None if value is None or value.dim() == 0 else static_int(value.shape[-1])
 
 
 def key_runs(node: object) -> Runs | None:
@@ -80,7 +83,10 @@ def key_runs(node: object) -> Runs | None:
         return unknown
     target, args = node.target, node.args
     if target in _FILLS:
-        return [(length, _cast(_FILLS[target](node), meta_value(node).dtype))]
+        fill = _FILLS[target](node)
+        if not isinstance(fill, (int, float, bool)):
+            return unknown  # a symbolic fill value
+        return [(length, _cast(fill, meta_value(node).dtype))]
     if target is aten._to_copy.default or target is aten.to.dtype:
         dtype = node.kwargs.get("dtype", meta_value(node).dtype)
         runs = key_runs(args[0])
@@ -128,7 +134,8 @@ def _keeps_last_dim(node: torch.fx.Node) -> bool:
     source, out = meta_value(node.args[0]), meta_value(node)
     if node.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
         # same number of elements per key position and the key dimension last in both
-        return math.prod(source.shape[:-1]) == math.prod(out.shape[:-1]) and source.shape[-1] == out.shape[-1]
+        return (known_equal(math.prod(source.shape[:-1]), math.prod(out.shape[:-1]))
+                and known_equal(source.shape[-1], out.shape[-1]))
     return True  # expand (broadcasts the leading dims), alias, clone
 
 
@@ -137,7 +144,8 @@ def _constant(node: object) -> object:
     if isinstance(node, (int, float, bool)):
         return node
     if isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _FILLS:
-        return _FILLS[node.target](node)
+        fill = _FILLS[node.target](node)
+        return fill if isinstance(fill, (int, float, bool)) else UNKNOWN
     return UNKNOWN
 
 

@@ -4,6 +4,11 @@ Each pass runs on the graph in place; if it raises, the graph is restored from a
 taken before it, the failure is recorded and the next pass runs (``strict=True`` raises instead).
 After a pass that rewrote something, the graph is linted and FakeTensor metadata is recomputed, so
 the next pass sees correct shapes on every node.
+
+On a graph with symbolic sizes, a pass that makes a decision only some sizes satisfy adds a guard to
+dynamo's ShapeEnv (sound: a call with other sizes recompiles), but it also gives up the dynamism the
+user asked for. Passes are written to decline instead (:func:`kopt.fx.symbolic.known_equal`); any
+guard a pass still adds is named in its record, so a specialization is never silent.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 import torch
 
 from kopt.fx.graph_utils import census, missing_meta, refresh_meta
+from kopt.fx.symbolic import baked_sizes, guards_since, shape_env_of
 from kopt.passes.base import Fuel, Pass, PassContext
 from kopt.report import PassRecord
 
@@ -34,6 +40,20 @@ def _snapshot(graph: torch.fx.Graph) -> torch.fx.Graph:
     return copy
 
 
+def _module_state(graph_module: torch.fx.GraphModule) -> tuple[dict[str, object], dict[str, object]]:
+    """The constants the graph's ``get_attr`` nodes may name (a pass adds and deletes some)."""
+    return dict(graph_module._buffers), dict(graph_module._parameters)
+
+
+def _restore_module_state(graph_module: torch.fx.GraphModule,
+                          state: tuple[dict[str, object], dict[str, object]]) -> None:
+    """Put back the constants a failed pass deleted and drop those it added: the restored graph
+    reads exactly the constants it read before the pass."""
+    for live, saved in zip((graph_module._buffers, graph_module._parameters), state, strict=True):
+        live.clear()
+        live.update(saved)
+
+
 def _dump(trace_dir: Path | None, graph_index: int, stem: str, graph_module: torch.fx.GraphModule) -> None:
     if trace_dir is None:
         return
@@ -48,16 +68,22 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
     """Apply ``passes`` in order to ``graph_module``; one :class:`PassRecord` per pass."""
     fuel = fuel or Fuel()
     records = []
+    shape_env = shape_env_of(graph_module)
     for position, rewrite in enumerate(passes):
         stem = f"{position:02d}_{rewrite.name}"
         before = census(graph_module.graph)
-        saved = _snapshot(graph_module.graph)
+        saved, saved_state = _snapshot(graph_module.graph), _module_state(graph_module)
         ctx = PassContext(rewrite.name, fuel, trace_dir=trace_dir)
         _dump(trace_dir, graph_index, stem + "_before", graph_module)
+        guards = len(shape_env.guards) if shape_env is not None else 0
         start = time.perf_counter()
         try:
             rewrite.apply(graph_module, ctx)
             graph_module.graph.lint()
+            baked = baked_sizes(graph_module.graph) if shape_env is not None else []
+            if baked:
+                raise RuntimeError(f"the pass wrote sizes of the traced call into {baked[:3]} instead of "
+                                   "sym_size nodes: the graph would only be right for that call's sizes")
             graph_module.recompile()
             if ctx.total_matches:
                 refresh_meta(graph_module)
@@ -71,11 +97,16 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
             if strict:
                 raise PassFailed(f"pass {rewrite.name!r} raised: {error}") from error
             graph_module.graph = saved
+            _restore_module_state(graph_module, saved_state)
             graph_module.recompile()
             status = f"skipped: {type(error).__name__}: {error}"
             ctx.matches.clear()
             ctx.notes.clear()
         seconds = time.perf_counter() - start
+        specialized = guards_since(shape_env, guards)
+        if specialized:
+            ctx.notes.append(f"specialized the graph on sizes ({'; '.join(specialized[:5])}): a call with sizes "
+                             "outside these recompiles")
         log.info("graph %d: %s %s (%d matches) in %.1f s", graph_index, rewrite.name, status, ctx.total_matches,
                  seconds)
         _dump(trace_dir, graph_index, stem + "_after", graph_module)

@@ -3,7 +3,9 @@
 Valid because the captured graph is functional (``functionalize`` removed mutation): a pure node
 is a function of its target and arguments alone, so two nodes with equal ones compute equal
 values, and a view or cast whose result has the input's shape, dtype, device and strides *is* the
-input. Random and otherwise impure ops are never merged or removed.
+input (a ``slice`` with the input's shape keeps every element, in place). Random and otherwise impure
+ops are never merged or removed. With symbolic sizes, "the same shape" means provably the same for
+every size (no guard is added).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import torch
 
 from kopt.fx.binding_time import is_pure
 from kopt.fx.graph_utils import replace
+from kopt.fx.symbolic import same_sizes
 from kopt.passes.base import Contract, Pass, PassContext
 
 aten = torch.ops.aten
 
 _NOOP_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-               aten.expand.default, aten.alias.default}
+               aten.expand.default, aten.alias.default, aten.slice.Tensor}
 _NOOP_COPIES = {aten.clone.default, aten._to_copy.default, aten.contiguous.default}
 
 
@@ -41,8 +44,8 @@ def _key(node: torch.fx.Node) -> object:
 
 
 def _same_tensor_layout(a: object, b: object) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-            and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride())
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and same_sizes(a.shape, b.shape)
+            and a.dtype == b.dtype and a.device == b.device and same_sizes(a.stride(), b.stride()))
 
 
 def _noop_reason(node: torch.fx.Node) -> str | None:

@@ -23,6 +23,7 @@ import torch
 
 from kopt.fx.constants import constant_value
 from kopt.fx.graph_utils import meta_value
+from kopt.fx.symbolic import same_sizes
 
 aten = torch.ops.aten
 _EPSILON_ADDS = (aten.add.Tensor, aten.add.Scalar, aten.add_.Scalar, aten.add_.Tensor)
@@ -60,12 +61,14 @@ def _fused_rms_norm(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node |
     weight = fused.args[2] if len(fused.args) > 2 else fused.kwargs.get("weight")
     eps = fused.args[3] if len(fused.args) > 3 else fused.kwargs.get("eps")
     x_val = meta_value(x)
-    if x_val is None or list(normalized_shape) != [x_val.shape[-1]]:
+    if x_val is None or not same_sizes(list(normalized_shape), [x_val.shape[-1]]):
         return "aten._fused_rms_norm over more than the last dimension"
     if weight is not None and (constant_value(weight) is None or constant_value(weight).dim() != 1):
         return "aten._fused_rms_norm weight is not a constant vector"
     if eps is None:
         eps = torch.finfo(x_val.dtype).eps
+    if not isinstance(eps, (int, float)):
+        return "aten._fused_rms_norm eps is not a number known at compile time"
     return x, weight, float(eps)  # type: ignore[return-value]
 
 

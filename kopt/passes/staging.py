@@ -18,6 +18,7 @@ from kopt.config import Role
 from kopt.fx.binding_time import binding_times, is_view
 from kopt.fx.constants import add_constant, constant_value
 from kopt.fx.graph_utils import replace
+from kopt.fx.symbolic import static_int
 from kopt.passes.base import Contract, Pass, PassContext
 
 HOIST_KEY = "kopt_hoist"  # graph_module.meta entry: names of the values the hoisted stage returns
@@ -40,7 +41,8 @@ def needed_at_runtime(graph: torch.fx.Graph, times: dict[torch.fx.Node, Role], r
 
 
 def gemm_flops(node: torch.fx.Node) -> int:
-    """2·M·N·K for an mm/addmm node with shape metadata, else 0."""
+    """2·M·N·K for an mm/addmm node with static shape metadata, else 0 (for the report only: a
+    symbolic size is not turned into a number, which would add a guard)."""
     if node.target not in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
         return 0
     out = node.meta.get("val")
@@ -48,7 +50,8 @@ def gemm_flops(node: torch.fx.Node) -> int:
     a_val = getattr(a, "meta", {}).get("val")
     if out is None or a_val is None:
         return 0
-    return 2 * out.shape[0] * out.shape[1] * a_val.shape[1]
+    sizes = [static_int(d) for d in (out.shape[0], out.shape[1], a_val.shape[1])]
+    return 0 if None in sizes else 2 * sizes[0] * sizes[1] * sizes[2]
 
 
 class BindingTimeStaging(Pass):

@@ -40,6 +40,8 @@ class Workload:
         pipeline_timestep: what the pipeline passes as ``timestep_arg`` for a scheduler timestep
             ``t`` in [0, 1000] (already a tensor of the input's dtype): ``t / 1000`` for most flow-matching
             pipelines, ``t`` itself for those whose model scales it (Wan, SD3, CogVideoX, ...).
+        build_resized: ``(inputs, height, width, text, generator) -> kwargs``: the same call for
+            another latent grid and prompt length (other resolutions; dynamic shapes), or None.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Workload:
     step_invariant: tuple[str, ...] = ("timestep", "guidance")
     timestep_arg: str | None = "timestep"
     pipeline_timestep: Callable[[torch.Tensor], torch.Tensor] = per_thousand
+    build_resized: Callable[[Mapping[str, Any], int, int, int, torch.Generator], dict[str, Any]] | None = None
 
     def model(self, size: Size = "tiny", *, device: str | torch.device = "cpu",
               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -73,6 +76,14 @@ class Workload:
         """Fresh random inputs for one call; ``seed`` makes them reproducible."""
         generator = torch.Generator(device="cpu").manual_seed(seed)
         return self.build_inputs(size, torch.device(device), dtype, generator, negative)
+
+    def resized(self, inputs: Mapping[str, Any], *, height: int, width: int, text: int,
+                seed: int = 0) -> dict[str, Any]:
+        """``inputs`` for a ``height`` x ``width`` latent grid (in patches: ``height * width`` image
+        tokens) and ``text`` prompt tokens, with fresh random activations from ``seed``."""
+        if self.build_resized is None:
+            raise NotImplementedError(f"workload {self.name!r} does not say how to build inputs of other sizes")
+        return self.build_resized(inputs, height, width, text, torch.Generator(device="cpu").manual_seed(seed))
 
     def at_step(self, inputs: Mapping[str, Any], step: int) -> dict[str, Any]:
         """``inputs`` at denoising step ``step``: the timestep scaled by 1, 0.99, ... 0.51 (then

@@ -8,6 +8,7 @@ distilled guidance value.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -54,10 +55,21 @@ def build_inputs(size: Size, device: torch.device, dtype: torch.dtype,
     )
 
 
+def resized(inputs: Mapping[str, Any], height: int, width: int, text: int,
+            generator: torch.Generator) -> dict[str, Any]:
+    """The call for a ``height`` x ``width`` latent grid and ``text`` prompt tokens, with their ids."""
+    image, prompt = inputs["hidden_states"], inputs["encoder_hidden_states"]
+    return dict(inputs,
+                hidden_states=randn((1, height * width, image.shape[-1]), generator, image.device, image.dtype),
+                encoder_hidden_states=randn((1, text, prompt.shape[-1]), generator, prompt.device, prompt.dtype),
+                img_ids=image_ids(height, width).to(image.device), txt_ids=text_ids(text).to(prompt.device))
+
+
 WORKLOAD = Workload(
     name="flux2",
     description="Flux2Transformer2DModel (diffusers), random weights",
     build_model=build_model,
     build_inputs=build_inputs,
     step_invariant=("timestep", "guidance", "img_ids", "txt_ids"),
+    build_resized=resized,
 )

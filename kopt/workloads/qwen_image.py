@@ -7,6 +7,7 @@ Qwen2.5-VL hidden size, a text mask, and ``timestep / 1000``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -47,10 +48,22 @@ def build_inputs(size: Size, device: torch.device, dtype: torch.dtype,
     )
 
 
+def resized(inputs: Mapping[str, Any], height: int, width: int, text: int,
+            generator: torch.Generator) -> dict[str, Any]:
+    """The call for a ``height`` x ``width`` patch grid and ``text`` prompt tokens (full mask)."""
+    image, prompt = inputs["hidden_states"], inputs["encoder_hidden_states"]
+    return dict(inputs,
+                hidden_states=randn((1, height * width, image.shape[-1]), generator, image.device, image.dtype),
+                encoder_hidden_states=randn((1, text, prompt.shape[-1]), generator, prompt.device, prompt.dtype),
+                encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.long, device=prompt.device),
+                img_shapes=[(1, height, width)])
+
+
 WORKLOAD = Workload(
     name="qwen-image",
     description="QwenImageTransformer2DModel (diffusers), random weights",
     build_model=build_model,
     build_inputs=build_inputs,
     step_invariant=("timestep", "guidance", "img_shapes"),
+    build_resized=resized,
 )

@@ -1,0 +1,67 @@
+"""Give every ``kopt.compile`` dynamo cache state of its own.
+
+Dynamo keeps compiled graphs per *code object*: every instance of a class, and every
+``torch.compile`` of it, shares the cache of ``type(module).forward.__code__``, and with it the
+recompile limit (8 entries). Each ``kopt.compile`` brings a new backend, which never matches the
+entries of an earlier one, so the 9th compilation of the same module in a process (a notebook cell
+run nine times) found the limit used up and ran eagerly, silently.
+
+A new compilation must start clean without touching anyone else's compiled state, so kopt does not
+reset the code's cache (``torch._dynamo.reset_code`` would also drop the graphs of every other
+compiled instance of the class). Instead:
+
+* torch >= 2.13: ``torch.compile(..., isolate_recompiles=True)``, dynamo's own per-call cache region:
+  this compilation's entries, recompile count and eager-only state are its own, for every frame it
+  compiles (graph-break continuations and sub-module frames included);
+* older torch: the module is called through a wrapper function with a code object of its own, so the
+  outermost frame's cache and limit belong to this compilation alone. Frames dynamo compiles below a
+  graph break still share their code's cache there; if they hit the limit, :mod:`kopt.fallback` says so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+_serial = itertools.count()
+
+
+def _call_module(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return self(*args, **kwargs)
+
+
+def _fresh_caller(module: torch.nn.Module) -> Callable[..., Any]:
+    """``_call_module`` with a new code object (named after the module, for dynamo's logs)."""
+    name = f"kopt_{type(module).__name__}_{next(_serial)}"
+    code = _call_module.__code__.replace(co_name=name)
+    return types.FunctionType(code, _call_module.__globals__, name)
+
+
+class _CallerModule:
+    """Calls ``compiled(module, *args, **kwargs)``: the fresh-code path's stand-in for an OptimizedModule."""
+
+    def __init__(self, module: torch.nn.Module, compiled: Callable[..., Any]) -> None:
+        self._module, self._compiled = module, compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled(self._module, *args, **kwargs)
+
+
+def compile_isolated(module: torch.nn.Module, backend: Callable[..., Any], *, fullgraph: bool,
+                     dynamic: bool | None, isolate: bool | None = None) -> Callable[..., Any]:
+    """``torch.compile(module, backend=backend, ...)`` with cache state of its own (module docstring).
+
+    ``isolate``: use dynamo's ``isolate_recompiles`` (default: when this torch has it) or, False, the
+    fresh-code wrapper (the path for torch 2.11 and 2.12, testable on any version)."""
+    isolate = ISOLATES_RECOMPILES if isolate is None else isolate
+    if isolate:
+        return torch.compile(module, backend=backend, fullgraph=fullgraph, dynamic=dynamic,
+                             isolate_recompiles=True)
+    compiled = torch.compile(_fresh_caller(module), backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+    return _CallerModule(module, compiled)
