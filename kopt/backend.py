@@ -4,11 +4,14 @@
 ``torch_dynamo_backends`` entry point, without importing kopt first. :func:`kopt.compile` builds a
 :class:`KoptBackend` of its own so that each compiled module has its own report and options.
 
-Weights are frozen into the rewritten graph, so a compiled graph checks on every call that each
-frozen tensor is still the same storage at the same version (``Tensor._version`` counts in-place
-writes, which is how ``load_state_dict`` and LoRA fusing change weights) and then follows
-``CompileOptions.on_weight_change``. When no rewrite fired, the original dynamo graph is lowered
-exactly as plain ``torch.compile`` would, with weights as ordinary inputs and no check at all.
+Weights are frozen while the passes run; afterwards (:mod:`kopt.fx.weights`) the weights no pass
+transformed become inputs of the lowered graph again, read live on every call as with
+``torch.compile``, and the constants the passes derived from weights (merged, quantized, folded,
+and the memoized step-invariant stage) are passed as tensors kopt owns. A
+:class:`~kopt.weight_guard.WeightGuard` watches only the weights those derived values came from;
+on a change the graph follows ``CompileOptions.on_weight_change`` (by default it derives them again
+in place, with no new capture or lowering). When no rewrite fired, the original dynamo graph is
+lowered exactly as plain ``torch.compile`` would, with weights as ordinary inputs and no check.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from kopt.cuda_graphs import CudaGraphRunner
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
+from kopt.fx.weights import WeightBinding, bind_weights
 from kopt.lower import lower
 from kopt.passes.base import Contract, Fuel, Pass
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import PassSpec, resolve
 from kopt.passes.staging import HOIST_KEY
-from kopt.release import check_not_released, is_released, read_storages, release_unread_weights
+from kopt.release import WeightsReleasedError, check_not_released, read_storages, release_unread_weights
 from kopt.report import GraphReport, Report
 from kopt.verify import compare
+from kopt.weight_guard import WeightGuard
 
 log = logging.getLogger("kopt")  # progress of long compiles at INFO (benchmarks/dit.py shows it)
 
@@ -43,6 +48,10 @@ class WeightsChangedError(RuntimeError):
 
 class VerificationFailed(RuntimeError):
     """``verify=True`` and ``strict=True``, and the rewritten graph broke a pass's contract."""
+
+
+_ON_CHANGE = {WeightChange.RECOMPILE: "derive them again in place", WeightChange.RAISE: "raise",
+              WeightChange.IGNORE: "nothing"}
 
 
 def _graph_breaks() -> dict[str, int]:
@@ -72,7 +81,10 @@ class CompiledGraph:
         self.report.memo = None
         self.report.cuda_graphs = None
         self.captured: CapturedGraph | None = None
-        self._signature: list[tuple[int, int, int]] = []
+        self.binding: WeightBinding | None = None
+        self.guard: WeightGuard | None = None
+        self.staged: StagedProgram | None = None
+        self.report.weights = {}
         start = time.perf_counter()
         log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
         rewritten = self._capture_and_rewrite(example_inputs, roles)
@@ -83,50 +95,85 @@ class CompiledGraph:
                  self.report.capture_seconds, options.lower.value)
         if rewritten is not None and self._verified(example_inputs, rewritten):
             try:
-                self.runner = self._lower_rewritten(rewritten, rewritten.user_args(example_inputs))
-                self.captured = rewritten
-                self._signature = [(i, t._version, t.data_ptr()) for i, t in rewritten.constants]
+                binding = self._bind_weights(rewritten, example_inputs)
+                self.runner = self._lower_rewritten(rewritten, binding, example_inputs)
+                self.captured, self.binding = rewritten, binding
+                self._watch_weights(example_inputs)
             except Exception as error:  # lowering the rewritten graph failed: lower the original
                 if options.strict:
                     raise
                 self.report.fallback = f"lowering the rewritten graph failed: {type(error).__name__}: {error}"
         if self.captured is None:
             original = self.dynamo_graph.forward if options.lower is Lowering.EAGER else None
-            self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower)
+            self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower,
+                                            options.inductor_options)
             if not self.report.fallback:
                 self.report.lowering += " (original graph: no rewrite fired)"
         self.report.compile_seconds = time.perf_counter() - start
         log.info("graph %d: lowered in %.1f s", self.report.index, self.report.compile_seconds)
         self.generation = self.backend.generation
 
-    def _lower_rewritten(self, rewritten: CapturedGraph, user_args: list[Any]) -> Callable[..., Any]:
-        """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier."""
-        options, graph_module = self.backend.options, rewritten.graph_module
+    def _bind_weights(self, rewritten: CapturedGraph, example_inputs: list[Any]) -> WeightBinding:
+        """Weights become inputs again: module weights read live, derived ones kopt's (kopt.fx.weights)."""
+        graph_module = rewritten.graph_module
+        return bind_weights(graph_module, example_inputs, rewritten.user_indices,
+                            [i for i, _ in rewritten.constants], [r.source for r in rewritten.roles],
+                            self._traced, graph_module.meta.get(HOIST_KEY) or ())
+
+    def _watch_weights(self, example_inputs: list[Any]) -> None:
+        binding, options = self.binding, self.backend.options
+        assert binding is not None
+        self._live_weights = [example_inputs[p] for p in binding.live_positions]
+        if binding.sources and options.on_weight_change is not WeightChange.IGNORE:
+            self.guard = WeightGuard(binding.sources, options.weight_check, example_inputs)
+        self.report.weights = dict(
+            live=len(binding.live_positions), derived=len(binding.derived), watched=len(binding.sources),
+            check="none" if self.guard is None else options.weight_check.value,
+            watched_bytes=0 if self.guard is None else self.guard.watched_bytes,
+            on_change="rebuild" if binding.rebuild_on_change else _ON_CHANGE[options.on_weight_change])
+
+    def _lower_rewritten(self, rewritten: CapturedGraph, binding: WeightBinding,
+                         example_inputs: list[Any]) -> Callable[..., Any]:
+        """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier.
+        Lowered without autograd: kopt's graphs are for inference, and weights are now inputs."""
+        with torch.no_grad():
+            return self._lower_stages(rewritten.graph_module, binding.inputs(example_inputs), binding)
+
+    def _lower_stages(self, graph_module: torch.fx.GraphModule, user_args: list[Any],
+                      binding: WeightBinding) -> Callable[..., Any]:
+        options = self.backend.options
         frontier = graph_module.meta.get(HOIST_KEY)
+        static = binding.weight_inputs
         if not frontier:
-            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
+            return self._replayed(self._lower(graph_module, user_args), user_args, static)
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(lower(graph_module, user_args, options.lower), user_args)
+            return self._replayed(self._lower(graph_module, user_args), user_args, static)
         keys = [user_args[i] for i in split.key_positions]
-        with torch.no_grad():
-            hoisted = list(split.invariant(*keys))
+        hoisted = list(split.invariant(*keys))
         log.info("graph %d: lowering the step-invariant stage", self.report.index)
-        invariant = lower(split.invariant, keys, options.lower)
+        invariant = self._lower(split.invariant, keys)
         log.info("graph %d: lowering the per-call stage", self.report.index)
-        main = self._replayed(lower(split.main, user_args + hoisted, options.lower), user_args + hoisted)
+        main = self._replayed(self._lower(split.main, user_args + hoisted), user_args + hoisted, static)
         self.report.memo = MemoStats()
-        return StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo)
+        self.staged = StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo,
+                                    weight_positions=split.weight_positions)
+        return self.staged
 
-    def _replayed(self, lowered: Callable[..., Any], inputs: list[Any]) -> Callable[..., Any]:
+    def _lower(self, graph_module: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        options = self.backend.options
+        return lower(graph_module, inputs, options.lower, options.inductor_options)
+
+    def _replayed(self, lowered: Callable[..., Any], inputs: list[Any], static: Sequence[int]) -> Callable[..., Any]:
         """``lowered`` behind a :class:`CudaGraphRunner` when the options ask for it and the inputs
-        are on a GPU (the per-step stage only: the step-invariant one runs once per timestep)."""
+        are on a GPU (the per-step stage only: the step-invariant one runs once per timestep);
+        ``static``: the weights among ``inputs``, replayed from their own storage."""
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
         if not (self.backend.options.use_cuda_graphs and on_gpu):
             return lowered
-        runner = CudaGraphRunner(lowered)
+        runner = CudaGraphRunner(lowered, static_inputs=static)
         self.report.cuda_graphs = runner.stats
         return runner
 
@@ -142,6 +189,7 @@ class CompiledGraph:
                 raise
             self.report.fallback = f"capture failed: {type(error).__name__}: {error}"
             return None
+        self._traced = {str(n.target) for n in captured.graph_module.graph.nodes if n.op == "get_attr"}
         self.report.passes = run_passes(captured.graph_module, self.backend.passes,
                                         graph_index=self.report.index, strict=options.strict,
                                         fuel=self.backend.fuel, trace_dir=options.trace_dir)
@@ -171,39 +219,57 @@ class CompiledGraph:
         return False
 
     def read_storages(self) -> set[int]:
-        """Storages of the weights this graph reads: its rewritten graph's constants, or all of its
-        constant inputs when it runs the original graph."""
-        if self.captured is not None:
-            return read_storages(self.captured.graph_module)
+        """Storages of the weights this graph reads: its rewritten graph's constants and the module
+        weights it reads live, or all of its constant inputs when it runs the original graph."""
+        if self.captured is not None and self.binding is not None:
+            live = {t.untyped_storage().data_ptr() for t in self._live_weights if t.device.type != "meta"}
+            return read_storages(self.captured.graph_module) | live
         return {t.untyped_storage().data_ptr() for t in self.constant_inputs
                 if isinstance(t, torch.Tensor) and t.device.type != "meta"}
 
     def forget_released(self) -> None:
         """Stop checking released weights for changes (they are no longer read, and have no bytes)."""
-        self._signature = [(i, version, pointer) for i, version, pointer in self._signature
-                           if self.captured is None or not is_released(dict(self.captured.constants)[i])]
+        if self.guard is not None:
+            self.guard.forget_released()
+            self.report.weights["watched_bytes"] = self.guard.watched_bytes
 
-    def _weights_changed(self, args: Sequence[Any]) -> bool:
-        for index, version, pointer in self._signature:
-            tensor = args[index]
-            if tensor._version != version or tensor.data_ptr() != pointer:
-                return True
-        return False
+    def _weights_changed(self, args: Sequence[Any], changed: list[int]) -> None:
+        """A weight behind a derived value changed: derive again in place (or raise, or rebuild)."""
+        assert self.binding is not None and self.guard is not None
+        if self.backend.options.on_weight_change is WeightChange.RAISE:
+            raise WeightsChangedError(
+                "weights that kopt derived constants from changed after compiling; call "
+                "module.kopt_refresh() or compile with on_weight_change=WeightChange.RECOMPILE")
+        if self.binding.rebuild_on_change:
+            self.report.weight_refreshes += 1
+            self._build(list(args))
+            return
+        try:
+            self.binding.rederive(args, changed)
+        except WeightsReleasedError:
+            raise
+        except Exception as error:  # e.g. a weight changed shape behind dynamo's back: start over
+            log.warning("graph %d: re-deriving constants failed (%s); rebuilding", self.report.index, error)
+            self.report.weight_refreshes += 1
+            self._build(list(args))
+            return
+        if self.staged is not None:
+            self.staged.clear()
+        self.guard.snapshot(args)
+        self.report.weight_rederivations += 1
 
     def __call__(self, *args: Any) -> Any:
-        stale = self.generation != self.backend.generation
-        if stale or (self._signature and self._weights_changed(args)):
-            policy = self.backend.options.on_weight_change
-            if policy is WeightChange.RAISE and not stale:
-                raise WeightsChangedError(
-                    "weights frozen into the kopt graph changed after compiling; call "
-                    "module.kopt_refresh() or compile with on_weight_change=WeightChange.RECOMPILE")
-            if policy is not WeightChange.IGNORE or stale:
-                self.report.weight_refreshes += 1
-                self._build(list(args))
-        if self.captured is not None:
-            return self.runner(*self.captured.user_args(args))
-        return self.runner(*args)
+        if self.generation != self.backend.generation:  # kopt_refresh(): capture and lower again
+            self.report.weight_refreshes += 1
+            self._build(list(args))
+        elif self.guard is not None:
+            changed = self.guard.changed(args)
+            if changed:
+                self._weights_changed(args, changed)
+        if self.binding is None:
+            return self.runner(*args)
+        with torch.no_grad():
+            return self.runner(*self.binding.inputs(args))
 
 
 class KoptBackend:
@@ -251,15 +317,31 @@ _LAST_USED: list[KoptBackend] = []
 
 
 def kopt_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any],
-                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
+                 options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """``torch.compile(model, backend="kopt", options={...})``: the default pipeline, or ``options``
-    with the keyword arguments of :func:`kopt.compile` (``passes``, ``lower``, ``verify``, ...)."""
-    key = repr(sorted((options or {}).items()))
+    with the keyword arguments of :func:`kopt.compile` (``passes``, ``lower``, ``verify``, ...).
+
+    ``torch.compile`` forwards exactly two things to a registered backend, and only when they are
+    not the defaults: ``mode`` (not ``"default"``) and ``options`` (not empty); it refuses both at
+    once, so ``options={"mode": ...}`` combines a mode with kopt's options.
+    """
+    settings = dict(options or {})
+    if mode is not None:
+        settings["mode"] = mode
+    key = repr(sorted(settings.items()))
     backend = _ENTRY_POINT_BACKENDS.get(key)
     if backend is None:
         from kopt.api import make_backend
 
-        backend = _ENTRY_POINT_BACKENDS[key] = make_backend(**(options or {}))
+        try:
+            backend = make_backend(**settings)
+        except TypeError as error:  # an option kopt does not have: say which ones it has
+            import inspect
+
+            known = [name for name in inspect.signature(make_backend).parameters]
+            raise TypeError(f"torch.compile(backend='kopt', options=...): {error}; kopt's options are "
+                            f"{', '.join(known)}") from None
+        _ENTRY_POINT_BACKENDS[key] = backend
     _LAST_USED[:] = [backend]
     return backend(graph_module, example_inputs)
 
