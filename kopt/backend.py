@@ -91,6 +91,8 @@ class CompiledGraph:
         self.report.capture_seconds = time.perf_counter() - start
         start = time.perf_counter()
         self.report.lowering = options.lower.value
+        if options.lower is Lowering.INDUCTOR and options.inductor_options:
+            self.report.lowering += f" ({', '.join(f'{k}={v}' for k, v in options.inductor_options.items())})"
         log.info("graph %d: captured and rewritten in %.1f s; lowering with %s", self.report.index,
                  self.report.capture_seconds, options.lower.value)
         if rewritten is not None and self._verified(example_inputs, rewritten):
