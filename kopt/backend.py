@@ -264,10 +264,22 @@ class CompiledGraph:
         if self.generation != self.backend.generation:  # kopt_refresh(): capture and lower again
             self.report.weight_refreshes += 1
             self._build(list(args))
-        elif self.guard is not None:
-            changed = self.guard.changed(args)
+        if self.guard is None:
+            return self._run(args)
+        checks = self.guard.start(args)
+        if all(check.ready for check in checks):  # versions, storages, CPU checksums: known before running
+            changed = [p for check in checks for p in check.changed()]
             if changed:
                 self._weights_changed(args, changed)
+            return self._run(args)
+        out = self._run(args)  # runs beside the GPU checksum; discarded if a weight turns out changed
+        changed = [p for check in checks for p in check.changed()]
+        if not changed:
+            return out
+        self._weights_changed(args, changed)
+        return self._run(args)
+
+    def _run(self, args: Sequence[Any]) -> Any:
         if self.binding is None:
             return self.runner(*args)
         with torch.no_grad():

@@ -16,7 +16,10 @@ positions are seen because the sums are compared row by row. Weights of at most 
 (biases, norm scales) are compared whole against a copy instead, all of one element width in one
 operation: nothing written to them can be missed. Cost: one read of the watched weights per call,
 one reduction per large weight. The results on one device are compared there, and a single flag is
-read back: one host synchronisation per device per call, never one per weight. :attr:`WeightCheck.VERSION` skips the checksum (free) and misses ``.data`` writes.
+read back: never one synchronisation per weight. On a GPU the comparison runs on a side stream
+while the forward runs (:class:`Pending`): a memory-bound read beside a mostly compute-bound
+forward; the call waits for the flag only before returning, and on a change derives again and
+runs the forward once more (the first run read stale constants and is discarded). :attr:`WeightCheck.VERSION` skips the checksum (free) and misses ``.data`` writes.
 
 Only weights that a derived value depends on are watched (:mod:`kopt.fx.weights`): the others
 are inputs read live by the lowered graph, where a write cannot be missed.
@@ -93,6 +96,8 @@ class _DeviceSums:
     small: dict[int, list[_Reader]]
     stored: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
     lengths: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    _stream: Any = None  # CUDA: the side stream comparisons run on, and the pinned flag they write
+    _flag: Any = None
 
     def current(self, args: Any) -> dict[int, list[torch.Tensor]]:
         """Per key (0: the large weights' row checksums; else a width: the small weights' bytes)."""
@@ -106,10 +111,28 @@ class _DeviceSums:
         self.stored = {key: torch.cat(values).clone() for key, values in parts.items()}
         self.lengths = {key: [len(v) for v in values] for key, values in parts.items()}
 
-    def changed(self, args: Any) -> list[int]:
-        differs = {key: torch.cat(values) != self.stored[key] for key, values in self.current(args).items()}
-        if not differs or not bool(torch.stack([d.any() for d in differs.values()]).any()):  # the one read back
-            return []
+    def launch(self, args: Any) -> Pending:
+        """Start comparing; on a CUDA device on a side stream of its own (see :class:`Pending`)."""
+        device = args[(self.large or next(iter(self.small.values())))[0].position].device
+        if device.type != "cuda":
+            differs = self._differs(args)
+            return Pending(self, differs, torch.stack([d.any() for d in differs.values()]).any(), None)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+            self._flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
+        self._stream.wait_stream(torch.cuda.current_stream(device))  # see every write queued before the call
+        with torch.cuda.stream(self._stream):
+            differs = self._differs(args)
+            self._flag.copy_(torch.stack([d.any() for d in differs.values()]).any(), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return Pending(self, differs, self._flag, event)
+
+    def _differs(self, args: Any) -> dict[int, torch.Tensor]:
+        return {key: torch.cat(values) != self.stored[key] for key, values in self.current(args).items()}
+
+    def locate(self, differs: dict[int, torch.Tensor]) -> list[int]:
+        """The positions whose part of ``differs`` has a difference (after the flag said there is one)."""
         changed = []
         for key, difference in differs.items():
             readers = self.large if key == 0 else self.small[key]
@@ -117,6 +140,32 @@ class _DeviceSums:
                 if bool(part.any()):
                     changed.append(reader.position)
         return changed
+
+
+@dataclasses.dataclass
+class Pending:
+    """A comparison under way: on a GPU it runs on a side stream, beside the forward the caller
+    launches meanwhile (the checksum reads memory, the forward mostly computes), and only
+    :meth:`changed` waits for it; on the CPU it is already done."""
+
+    group: _DeviceSums | None
+    differs: dict[int, torch.Tensor]
+    flag: torch.Tensor | None
+    event: Any
+    known: list[int] | None = None  # the answer, when it needed no comparison (versions, storages)
+
+    @property
+    def ready(self) -> bool:
+        """True when :meth:`changed` will not wait for the device."""
+        return self.event is None
+
+    def changed(self) -> list[int]:
+        if self.known is not None:
+            return self.known
+        if self.event is not None:
+            self.event.synchronize()
+        assert self.group is not None and self.flag is not None
+        return self.group.locate(self.differs) if bool(self.flag) else []
 
 
 class WeightGuard:
@@ -166,10 +215,15 @@ class WeightGuard:
         for group in self._groups:
             group.snapshot(args)
 
-    def changed(self, args: Sequence[Any] | dict[int, torch.Tensor]) -> list[int]:
-        """Positions of the watched weights that changed since the last :meth:`snapshot`."""
+    def start(self, args: Sequence[Any] | dict[int, torch.Tensor]) -> list[Pending]:
+        """Start checking the watched weights against the last :meth:`snapshot`: versions and
+        storages at once, then (checksum) one comparison per device, those on a GPU left running."""
         moved = [p for p in self.positions
                  if (args[p]._version, args[p].data_ptr()) != self._versions[p]]
         if moved or self.check is not WeightCheck.CHECKSUM:
-            return moved
-        return [p for group in self._groups for p in group.changed(args)]
+            return [Pending(None, {}, None, None, known=moved)]
+        return [group.launch(args) for group in self._groups]
+
+    def changed(self, args: Sequence[Any] | dict[int, torch.Tensor]) -> list[int]:
+        """Positions of the watched weights that changed since the last :meth:`snapshot` (waits)."""
+        return [p for pending in self.start(args) for p in pending.changed()]

@@ -76,3 +76,19 @@ def test_checksums_are_one_per_row():
     weight = _weight((37, 64), torch.bfloat16)
     assert row_checksums(weight).shape == (37,)
     assert row_checksums(_weight((37, 63), torch.bfloat16)).shape == (37,)  # odd rows: element-wise path
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_comparison_runs_beside_other_work_and_sees_writes_queued_before_it():
+    """The side-stream comparison waits for writes queued on the caller's stream before it starts."""
+    weights = {0: _weight((2048, 1024), torch.bfloat16).cuda(), 1: _weight((64,), torch.float32).cuda()}
+    guard = WeightGuard([0, 1], WeightCheck.CHECKSUM, weights)
+    checks = guard.start(weights)
+    assert not checks[0].ready and checks[0].changed() == []
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(4):
+        big = big @ big / 64  # keep the caller's stream busy so the write below is still queued
+    weights[0].data[1000].add_(1.0)
+    weights[1].data[3] = 123.0
+    assert sorted(guard.changed(weights)) == [0, 1]
