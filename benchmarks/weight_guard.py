@@ -3,16 +3,18 @@
 
     python benchmarks/weight_guard.py                                   # tiny Qwen-Image, fp32, CPU
     python benchmarks/weight_guard.py --width full --blocks 2 --dtype bf16    # Qwen-Image's width, 2 of 60 blocks
-    python benchmarks/weight_guard.py --width full --blocks 60 --dtype bf16 --device cuda   # the 20B model (GPU)
+    python benchmarks/weight_guard.py --width full --blocks 60 --dtype bf16 --device cuda --lower inductor  # 20B, GPU
 
 kopt reads the weights no pass transformed live and watches only those that a derived constant
 (merged, quantized, folded) or the memoized step-invariant stage was computed from
-(kopt/weight_guard.py). This compiles Qwen-Image with random weights (lower="eager": the guard
-does not depend on the lowering), then times the guard alone on the watched weights: the checksum
-(one read of them per call, one flag read back per device) and the version check (no read). The
-result scales with the watched bytes, so the markdown also extrapolates from the watched fraction
-of this model's parameters to the 20.4B model at a stated bandwidth; on a GPU, run it at full
-depth instead. Writes benchmarks/results/weight-guard-<device>-<width>-<blocks>[-fp8].{json,md}.
+(kopt/weight_guard.py). This compiles Qwen-Image with random weights (lower="eager" by default:
+the guard does not depend on the lowering), then times the guard alone on the watched weights:
+the checksum (one read of them per call, one flag read back per device) and the version check (no
+read); and whole calls of the same compiled model with the guard swapped (none / version /
+checksum): on a GPU the checksum runs on a side stream beside the forward, so the whole-call
+difference is what it really costs. The guard's cost scales with the watched bytes, so the
+markdown also extrapolates from the watched fraction of this model's parameters to the 20.4B
+model at a stated bandwidth; on a GPU, run it at full depth instead. Writes benchmarks/results/weight-guard-<device>-<width>-<blocks>[-fp8].{json,md}.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--fp8", action="store_true", help="with kopt's FP8 linears (every linear is derived)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--lower", choices=("eager", "inductor"), default="eager",
+                        help="lowering of the compiled model whose calls are timed (the guard does not depend on it)")
     parser.add_argument("--bandwidth-tbs", type=float, default=3.0,
                         help="achievable read bandwidth of the extrapolation, TB/s (H200: ~3-4)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -98,12 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     model, inputs = _model_and_inputs(args.width, args.blocks, dtype, device)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     fp8 = kopt.fp8.Fp8Config(min_features=16) if args.fp8 else None
-    compiled = kopt.compile(model, lower="eager", fp8=fp8)
+    compiled = kopt.compile(model, lower=args.lower, fp8=fp8)
     with torch.no_grad():
         start = time.perf_counter()
         compiled(**inputs)
         compile_s = time.perf_counter() - start
-        call_ms = _median_ms(lambda: compiled(**inputs), device, max(3, args.repeats // 4))
+    graphs = [g for g in compiled._kopt_backend.compiled if g.guard is not None]
+    guards = {"checksum": [g.guard for g in graphs],
+              "version": [WeightGuard(list(g.guard.tensors), WeightCheck.VERSION, g.guard.tensors) for g in graphs],
+              "none": [None for _ in graphs]}
+    calls_ms = {}
+    with torch.no_grad():
+        for check, chosen in guards.items():  # the same compiled graphs, the guard swapped: whole calls
+            for graph, guard in zip(graphs, chosen, strict=True):
+                graph.guard = guard
+            calls_ms[check] = _median_ms(lambda: compiled(**inputs), device, max(3, args.repeats // 2))
+        for graph, guard in zip(graphs, guards["checksum"], strict=True):
+            graph.guard = guard
+    call_ms = calls_ms["none"]
 
     rows = []
     for graph in compiled._kopt_backend.compiled:
@@ -122,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                          watched_mib=watched_bytes / 2**20, parameter_mib=parameter_bytes / 2**20,
                          watched_fraction=fraction, checksum_ms=checksum_ms, version_ms=version_ms,
                          checksum_gbs=watched_bytes / checksum_ms / 1e6 if checksum_ms else None,
-                         call_ms=call_ms,
+                         call_ms=call_ms, calls_ms=calls_ms,
                          estimate_20b_gb=full_bytes / 1e9,
                          estimate_20b_ms=full_bytes / (args.bandwidth_tbs * 1e12) * 1e3))
     meta = run_metadata(device)
@@ -135,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
              f"width {args.width}, {args.blocks} blocks, {args.dtype}{', FP8 linears' if args.fp8 else ''}; "
              f"{'one CPU thread' if device.type == 'cpu' else device}", "",
              "| graph | watched tensors | watched MiB | watched parameters | checksum ms/call | GB/s | version ms/call "
-             "| forward ms (eager lowering) | 20.4B bf16: watched GB | ms at " f"{args.bandwidth_tbs:g} TB/s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| call ms ({args.lower}): no check / version / checksum | 20.4B bf16: watched GB | ms at "
+             f"{args.bandwidth_tbs:g} TB/s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['graph']} | {r['watched_tensors']} | {r['watched_mib']:,.1f} | {r['watched_fraction']:.1%} "
                      f"| {r['checksum_ms']:.3f} | {r['checksum_gbs'] or 0:.1f} | {r['version_ms']:.3f} "
-                     f"| {r['call_ms']:.1f} | {r['estimate_20b_gb']:.1f} | {r['estimate_20b_ms']:.1f} |")
+                     f"| {r['calls_ms']['none']:.2f} / {r['calls_ms']['version']:.2f} / {r['calls_ms']['checksum']:.2f} "
+                     f"| {r['estimate_20b_gb']:.1f} | {r['estimate_20b_ms']:.1f} |")
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
