@@ -186,15 +186,15 @@ class WeightGuard:
         """Bytes a checksum reads per call (0 with :attr:`WeightCheck.VERSION`)."""
         if self.check is not WeightCheck.CHECKSUM:
             return 0
-        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+        return sum(t.numel() * t.element_size() for t in self._tensors.values() if not is_released(t))
 
     def forget_released(self) -> None:
-        """Stop watching weights ``release_weights=True`` freed (no bytes, and no graph reads them)."""
+        """Stop reading weights ``release_weights=True`` freed (no bytes, and no graph reads them)."""
         self.snapshot(self._tensors)
 
     def snapshot(self, args: Sequence[Any] | dict[int, torch.Tensor]) -> None:
-        """Remember the weights as they are now."""
-        self.positions = [p for p in self.positions if not is_released(args[p])]  # freed: nothing to read
+        """Remember the weights as they are now. Weights ``release_weights=True`` freed keep only the
+        version and storage check (new storage for one means new values: derive again, or raise)."""
         self._tensors = {p: args[p] for p in self.positions}
         self._versions = {p: (args[p]._version, args[p].data_ptr()) for p in self.positions}
         self._groups: list[_DeviceSums] = []
@@ -203,7 +203,7 @@ class WeightGuard:
         by_device: dict[torch.device, _DeviceSums] = {}
         for position in self.positions:
             tensor = args[position]
-            if tensor.device.type == "meta" or tensor.numel() == 0:
+            if tensor.device.type == "meta" or tensor.numel() == 0 or is_released(tensor):
                 continue
             group = by_device.setdefault(tensor.device, _DeviceSums([], {}))
             reader = _Reader(position, tensor)

@@ -215,3 +215,19 @@ def test_fp8_weights_are_quantized_again_after_a_hot_swap():
         assert torch.equal(compiled(**inputs)[0], fresh(**inputs)[0])
     assert compiled.kopt_report.matches("fp8-linear") > 0
     assert compiled.kopt_report.graphs[0].weight_rederivations == 1
+
+
+def test_a_merged_weight_cannot_be_derived_again_from_released_siblings():
+    """release_weights=True freed the siblings' originals; a new weight for one of them cannot be merged
+    with the others any more: the call raises instead of computing with stale or empty weights."""
+    torch.manual_seed(0)
+    model = Siblings().eval()
+    compiled = kopt.compile(model, lower="eager", release_weights=True)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        reference = model(x)
+        assert rel_err(compiled(x), reference) < 1e-6  # compiles; the merged originals are then released
+        assert compiled.kopt_report.released_bytes > 0
+        model.q.weight.data = torch.randn(16, 16)
+        with pytest.raises(kopt.WeightsReleasedError, match="release_weights"):
+            compiled(x)
