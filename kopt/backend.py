@@ -37,7 +37,7 @@ from kopt.passes.staging import HOIST_KEY
 from kopt.release import WeightsReleasedError, check_not_released, read_storages, release_unread_weights
 from kopt.report import GraphReport, Report
 from kopt.verify import compare
-from kopt.weight_guard import WeightGuard
+from kopt.weight_sets import WeightSets
 
 log = logging.getLogger("kopt")  # progress of long compiles at INFO (benchmarks/dit.py shows it)
 
@@ -82,7 +82,7 @@ class CompiledGraph:
         self.report.cuda_graphs = None
         self.captured: CapturedGraph | None = None
         self.binding: WeightBinding | None = None
-        self.guard: WeightGuard | None = None
+        self.weights: WeightSets | None = None
         self.staged: StagedProgram | None = None
         self.report.weights = {}
         start = time.perf_counter()
@@ -126,13 +126,15 @@ class CompiledGraph:
         binding, options = self.binding, self.backend.options
         assert binding is not None
         self._live_weights = [example_inputs[p] for p in binding.live_positions]
-        if binding.sources and options.on_weight_change is not WeightChange.IGNORE:
-            self.guard = WeightGuard(binding.sources, options.weight_check, example_inputs)
+        check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
+        if binding.sources:
+            self.weights = WeightSets(binding, example_inputs, check)
+        guard = self.weights.guard if self.weights is not None else None
         self.report.weights = dict(
             live=len(binding.live_positions), derived=len(binding.derived), watched=len(binding.sources),
-            check="none" if self.guard is None else options.weight_check.value,
-            watched_bytes=0 if self.guard is None else self.guard.watched_bytes,
-            on_change="rebuild" if binding.rebuild_on_change else _ON_CHANGE[options.on_weight_change])
+            check="none" if guard is None else options.weight_check.value,
+            watched_bytes=0 if guard is None else guard.watched_bytes,
+            on_change="rebuild" if binding.rebuild_on_change else _ON_CHANGE[options.on_weight_change], sets=1)
 
     def _lower_rewritten(self, rewritten: CapturedGraph, binding: WeightBinding,
                          example_inputs: list[Any]) -> Callable[..., Any]:
@@ -231,13 +233,14 @@ class CompiledGraph:
 
     def forget_released(self) -> None:
         """Stop checking released weights for changes (they are no longer read, and have no bytes)."""
-        if self.guard is not None:
-            self.guard.forget_released()
-            self.report.weights["watched_bytes"] = self.guard.watched_bytes
+        if self.weights is not None:
+            self.weights.forget_released()
+            guard = self.weights.guard
+            self.report.weights["watched_bytes"] = 0 if guard is None else guard.watched_bytes
 
     def _weights_changed(self, args: Sequence[Any], changed: list[int]) -> None:
         """A weight behind a derived value changed: derive again in place (or raise, or rebuild)."""
-        assert self.binding is not None and self.guard is not None
+        assert self.binding is not None and self.weights is not None and self.weights.guard is not None
         if self.backend.options.on_weight_change is WeightChange.RAISE:
             raise WeightsChangedError(
                 "weights that kopt derived constants from changed after compiling; call "
@@ -257,16 +260,23 @@ class CompiledGraph:
             return
         if self.staged is not None:
             self.staged.clear()
-        self.guard.snapshot(args)
+        self.weights.guard.snapshot(args)
         self.report.weight_rederivations += 1
 
     def __call__(self, *args: Any) -> Any:
         if self.generation != self.backend.generation:  # kopt_refresh(): capture and lower again
             self.report.weight_refreshes += 1
             self._build(list(args))
-        if self.guard is None:
+        if self.weights is None:
             return self._run(args)
-        checks = self.guard.start(args)
+        if self.weights.select(args):  # another module's weights (a repeated block): its derived tensors
+            self.report.weights["sets"] = self.weights.count
+            if self.staged is not None:
+                self.staged.clear()
+        guard = self.weights.guard
+        if guard is None:
+            return self._run(args)
+        checks = guard.start(args)
         if all(check.ready for check in checks):  # versions, storages, CPU checksums: known before running
             changed = [p for check in checks for p in check.changed()]
             if changed:

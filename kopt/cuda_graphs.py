@@ -12,8 +12,9 @@ new values copied in computes what calling it would. What could go wrong, and ho
 
 * weights are inputs too (:mod:`kopt.fx.weights`): those at ``static_inputs`` are recorded in
   place, not copied (a replay reads the parameter's own storage, so an in-place write to it is
-  what the next replay computes with); one that moved to a new storage (``param.data = new``)
-  makes its signature record again;
+  what the next replay computes with); their addresses are part of the signature, so weights at
+  new addresses (``param.data = new``, or another block's weights through the same graph) are
+  recorded as a signature of their own;
 * the recorded outputs are overwritten by the next replay, so each call returns fresh copies
   (``clone_outputs``; a DiT's output is the small latent, so the copy is cheap);
 * warm-up (autotuning, cuBLAS/cuDNN plan selection, lazy initialisation) must not be recorded, so
@@ -101,13 +102,10 @@ class CudaGraphRunner:
         signature = _signature(args, self.static_inputs)
         if isinstance(signature, str):
             return self._plain(signature, args)
+        signature = (*signature, ("weights at", tuple(args[i].data_ptr() for i in sorted(self.static_inputs))))
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self._plain("autograd is recording (CUDA graphs here are for inference)", args)
         recorded = self._graphs.get(signature)
-        if recorded is not None and self._moved(recorded, args):
-            del self._graphs[signature]  # a weight has new storage: the recorded kernels read the old one
-            recorded = None
-            self._calls[signature] = self.warmup
         if recorded is None:
             calls = self._calls.get(signature, 0)
             if calls < self.warmup:
@@ -135,10 +133,6 @@ class CudaGraphRunner:
         if not self.clone_outputs:
             return recorded.outputs
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded.outputs)
-
-    def _moved(self, recorded: _Recorded, args: Sequence[Any]) -> bool:
-        return any(recorded.inputs[i].data_ptr() != args[i].data_ptr() for i in self.static_inputs
-                   if isinstance(args[i], torch.Tensor))
 
     def _plain(self, reason: str, args: Sequence[Any]) -> Any:
         self.stats.skipped = reason

@@ -60,15 +60,22 @@ def _save_adapters(build, folder, ranks, targets):
     return files
 
 
-def _hot_swapped(name, tmp_path, ranks=(4, 8), targets=TARGETS, **options):
-    """Compile with adapter 0, check it, hot-swap adapter 1, check again; returns the report."""
+def _hot_swapped(name, tmp_path, ranks=(4, 8), targets=TARGETS, via="kopt.compile", **options):
+    """Compile with adapter 0, check it, hot-swap adapter 1, check again; returns the report
+    (``via="torch.compile"``: as diffusers' own test does, ``mode="reduce-overhead"``)."""
     build = MODELS[name]
     files = _save_adapters(build, tmp_path, ranks, targets)
     torch.manual_seed(0)
     model, inputs = build()
     model.enable_lora_hotswap(target_rank=max(ranks))
     model.load_lora_adapter(files[0], adapter_name="adapter", prefix=None)
-    compiled = kopt.compile(model, dynamic=False, **{"lower": "eager", **options})
+    options = {"lower": "eager", **options}
+    if via == "kopt.compile":
+        compiled = kopt.compile(model, dynamic=False, **options)
+    else:  # torch.compile refuses mode= with options=: options={"mode": ...} carries both
+        backend = kopt.make_backend(mode="reduce-overhead", **options)
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        compiled.kopt_report = backend.report
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
         before = _output(model(**inputs))
         assert rel_err(_output(compiled(**inputs)), before) < 1e-4
@@ -88,6 +95,11 @@ def _hot_swapped(name, tmp_path, ranks=(4, 8), targets=TARGETS, **options):
 @pytest.mark.parametrize("ranks", [(4, 4), (3, 6), (6, 3)], ids=str)
 def test_hot_swap_through_diffusers_is_not_stale(name, ranks, tmp_path):
     _hot_swapped(name, tmp_path, ranks)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_hot_swap_through_torch_compile_in_reduce_overhead_mode(name, tmp_path):
+    _hot_swapped(name, tmp_path, via="torch.compile")
 
 
 def test_hot_swap_of_a_memoized_modulation_layer(tmp_path):

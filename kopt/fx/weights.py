@@ -82,6 +82,23 @@ class WeightBinding:
         """Compute again, in place, each derived constant that depends on a ``changed`` weight
         (all of them for None); returns how many were refreshed."""
         stale = None if changed is None else set(changed)
+        names = [name for name, _ in self.derived if stale is None or self._depends[name] & stale]
+        values = self._compute(args, names)
+        with torch.no_grad():
+            for name, tensor in self.derived:
+                if name in values:
+                    tensor.copy_(values[name])
+        return len(values)
+
+    def fresh(self, args: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
+        """Every derived constant computed from the weights in ``args``, in new tensors (another
+        module's weights through the same graph: a repeated block, see :mod:`kopt.weight_sets`)."""
+        values = self._compute(args, [name for name, _ in self.derived])
+        sources = {args[p].untyped_storage().data_ptr() for p in self.sources}
+        return [(name, values[name].clone() if values[name].untyped_storage().data_ptr() in sources else values[name])
+                for name, _ in self.derived]
+
+    def _compute(self, args: Sequence[Any], names: Sequence[str]) -> dict[str, torch.Tensor]:
         values: dict[str, torch.Tensor] = {}
         results: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -104,13 +121,8 @@ class WeightBinding:
                 values[name] = result if record.output is None else result[record.output]
             return values[name]
 
-        refreshed = 0
         with torch.no_grad():
-            for name, tensor in self.derived:
-                if stale is None or self._depends[name] & stale:
-                    tensor.copy_(value(name))
-                    refreshed += 1
-        return refreshed
+            return {name: value(name) for name in names}
 
 
 def _dependencies(records: dict[str, Derivation], weights: dict[str, int]) -> dict[str, frozenset[int]]:
