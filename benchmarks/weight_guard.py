@@ -3,7 +3,8 @@
 
     python benchmarks/weight_guard.py                                   # tiny Qwen-Image, fp32, CPU
     python benchmarks/weight_guard.py --width full --blocks 2 --dtype bf16    # Qwen-Image's width, 2 of 60 blocks
-    python benchmarks/weight_guard.py --width full --blocks 60 --dtype bf16 --device cuda --lower inductor  # 20B, GPU
+    python benchmarks/weight_guard.py --width full --blocks 60 --dtype bf16 --device cuda --lower inductor
+                                                                        # the 20B model, on a GPU
 
 kopt reads the weights no pass transformed live and watches only those that a derived constant
 (merged, quantized, folded) or the memoized step-invariant stage was computed from
@@ -14,7 +15,8 @@ read); and whole calls of the same compiled model with the guard swapped (none /
 checksum): on a GPU the checksum runs on a side stream beside the forward, so the whole-call
 difference is what it really costs. The guard's cost scales with the watched bytes, so the
 markdown also extrapolates from the watched fraction of this model's parameters to the 20.4B
-model at a stated bandwidth; on a GPU, run it at full depth instead. Writes benchmarks/results/weight-guard-<device>-<width>-<blocks>[-fp8].{json,md}.
+model at a stated bandwidth; on a GPU, run it at full depth instead. Writes
+benchmarks/results/weight-guard-<device>-<width>-<blocks>[-fp8]-<dtype>.{json,md} (``--out`` moves them).
 """
 
 from __future__ import annotations
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         lines.append(f"| {r['graph']} | {r['watched_tensors']} | {r['watched_mib']:,.1f} | {r['watched_fraction']:.1%} "
                      f"| {r['checksum_ms']:.3f} | {r['checksum_gbs'] or 0:.1f} | {r['version_ms']:.3f} "
-                     f"| {r['calls_ms']['none']:.2f} / {r['calls_ms']['version']:.2f} / {r['calls_ms']['checksum']:.2f} "
+                     f"| {r['calls_ms']['none']:.2f} / {r['calls_ms']['version']:.2f} "
+                     f"/ {r['calls_ms']['checksum']:.2f} "
                      f"| {r['estimate_20b_gb']:.1f} | {r['estimate_20b_ms']:.1f} |")
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

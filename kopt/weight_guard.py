@@ -19,7 +19,8 @@ one reduction per large weight. The results on one device are compared there, an
 read back: never one synchronisation per weight. On a GPU the comparison runs on a side stream
 while the forward runs (:class:`Pending`): a memory-bound read beside a mostly compute-bound
 forward; the call waits for the flag only before returning, and on a change derives again and
-runs the forward once more (the first run read stale constants and is discarded). :attr:`WeightCheck.VERSION` skips the checksum (free) and misses ``.data`` writes.
+runs the forward once more (the first run read stale constants and is discarded).
+:attr:`WeightCheck.VERSION` skips the checksum (free) and misses ``.data`` writes.
 
 Only weights that a derived value depends on are watched (:mod:`kopt.fx.weights`): the others
 are inputs read live by the lowered graph, where a write cannot be missed.
