@@ -3,8 +3,8 @@
 
     python benchmarks/weight_guard.py                                   # tiny Qwen-Image, fp32, CPU
     python benchmarks/weight_guard.py --width full --blocks 2 --dtype bf16    # Qwen-Image's width, 2 of 60 blocks
-    python benchmarks/weight_guard.py --width full --blocks 60 --dtype bf16 --device cuda --lower inductor
-                                                                        # the 20B model, on a GPU
+    python benchmarks/weight_guard.py --width full --blocks 60 --dtype bf16 --device cuda --lower inductor \
+        --grid 64 --text 256 [--fp8]                        # the 20B model at 1024x1024, on a GPU
 
 kopt reads the weights no pass transformed live and watches only those that a derived constant
 (merged, quantized, folded) or the memoized step-invariant stage was computed from
@@ -59,7 +59,7 @@ def _median_ms(fn, device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _model_and_inputs(width: str, blocks: int, dtype: torch.dtype, device: torch.device):
+def _model_and_inputs(width: str, blocks: int, dtype: torch.dtype, device: torch.device, grid: int, text: int):
     from diffusers import QwenImageTransformer2DModel
 
     config = dict(qwen_image.FULL if width == "full" else qwen_image.TINY, num_layers=blocks)
@@ -71,7 +71,7 @@ def _model_and_inputs(width: str, blocks: int, dtype: torch.dtype, device: torch
             model = QwenImageTransformer2DModel(**config).eval().requires_grad_(False)
     finally:
         torch.set_default_dtype(previous)
-    grid, text = (8, 8) if width == "tiny" else (16, 16), 16  # few tokens: the guard does not see them
+    grid = (grid, grid)
     generator = torch.Generator().manual_seed(1)
     inputs = dict(
         hidden_states=torch.randn(1, grid[0] * grid[1], config["in_channels"], generator=generator),
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--fp8", action="store_true", help="with kopt's FP8 linears (every linear is derived)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--grid", type=int, default=8,
+                        help="latent patch grid side: 8 = 64 image tokens (CPU); 64 = 4096 (1024x1024, on a GPU)")
+    parser.add_argument("--text", type=int, default=16, help="text tokens (the pipeline's: 256)")
     parser.add_argument("--lower", choices=("eager", "inductor"), default="eager",
                         help="lowering of the compiled model whose calls are timed (the guard does not depend on it)")
     parser.add_argument("--bandwidth-tbs", type=float, default=3.0,
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(1)  # a shared machine: one core's bandwidth, stated
 
-    model, inputs = _model_and_inputs(args.width, args.blocks, dtype, device)
+    model, inputs = _model_and_inputs(args.width, args.blocks, dtype, device, args.grid, args.text)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     fp8 = kopt.fp8.Fp8Config(min_features=16) if args.fp8 else None
     compiled = kopt.compile(model, lower=args.lower, fp8=fp8)
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         compiled(**inputs)
         compile_s = time.perf_counter() - start
-    graphs = [g for g in compiled._kopt_backend.compiled if g.guard is not None]
+    graphs = [g.weights for g in compiled._kopt_backend.compiled if g.weights is not None and g.weights.guard]
     guards = {"checksum": [g.guard for g in graphs],
               "version": [WeightGuard(list(g.guard.tensors), WeightCheck.VERSION, g.guard.tensors) for g in graphs],
               "none": [None for _ in graphs]}
@@ -125,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for graph in compiled._kopt_backend.compiled:
-        if graph.guard is None:
+        if graph.weights is None or graph.weights.guard is None:
             continue
-        watched = graph.guard.tensors
+        watched = graph.weights.guard.tensors
         version = WeightGuard(list(watched), WeightCheck.VERSION, watched)
-        checksum_ms = _median_ms(lambda g=graph.guard, w=watched: g.changed(w), device, args.repeats)
+        checksum_ms = _median_ms(lambda g=graph.weights.guard, w=watched: g.changed(w), device, args.repeats)
         version_ms = _median_ms(lambda g=version, w=watched: g.changed(w), device, args.repeats)
-        watched_bytes = graph.guard.watched_bytes
+        watched_bytes = graph.weights.guard.watched_bytes
         # the extrapolation counts parameters only (Qwen-Image also watches its RoPE frequency tables, 2 MiB)
         fraction = sum(t.numel() * t.element_size() for t in watched.values()
                        if isinstance(t, torch.nn.Parameter)) / parameter_bytes

@@ -61,8 +61,12 @@ class WeightSets:
 
     @property
     def guard(self) -> WeightGuard | None:
-        """The guard of the selected set."""
+        """The guard of the selected set (assignable: benchmarks compare checks on one compiled graph)."""
         return self._sets[self._key].guard
+
+    @guard.setter
+    def guard(self, guard: WeightGuard | None) -> None:
+        self._sets[self._key].guard = guard
 
     @property
     def count(self) -> int:
