@@ -231,3 +231,33 @@ def test_a_merged_weight_cannot_be_derived_again_from_released_siblings():
         model.q.weight.data = torch.randn(16, 16)
         with pytest.raises(kopt.WeightsReleasedError, match="release_weights"):
             compiled(x)
+
+
+def _transpose_weights_by_hand(graph_module, ctx):
+    """A user's pass that precomputes W.T with add_constant, not derive(): kopt cannot tell its source."""
+    from kopt.fx.constants import add_constant, constant_value
+    from kopt.fx.graph_utils import replace
+
+    for node in list(graph_module.graph.nodes):
+        weight = constant_value(node.args[0]) if node.target is torch.ops.aten.t.default else None
+        if weight is not None and ctx.fire("pretranspose", node):
+            constant = add_constant(graph_module, "user_weight_t", weight.t().contiguous(), node)
+            replace(node, constant, pass_name="pretranspose", rule="pretranspose")
+    graph_module.graph.eliminate_dead_code()
+
+
+def test_a_constant_of_unknown_provenance_rebuilds_on_any_weight_change():
+    """Baked in, watched conservatively (every weight), and the whole graph rebuilt on a change."""
+    torch.manual_seed(0)
+    model = TwoLayer().eval()
+    pretranspose = kopt.FunctionPass("pretranspose", "test: W.T by hand", kopt.Contract.exact(),
+                                     _transpose_weights_by_hand)
+    compiled = kopt.compile(model, passes=[pretranspose], lower="eager")
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert rel_err(compiled(x), model(x)) < 1e-6
+        model.a.weight.data.copy_(torch.randn(16, 16))
+        assert rel_err(compiled(x), model(x)) < 1e-6
+    graph = compiled.kopt_report.graphs[0]
+    assert compiled.kopt_report.matches("pretranspose") == 4  # a and b, each applied twice
+    assert graph.weight_refreshes == 1 and graph.weights["on_change"] == "rebuild"

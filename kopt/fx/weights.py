@@ -219,8 +219,7 @@ def bind_weights(graph_module: torch.fx.GraphModule, example_inputs: Sequence[An
     for name, _ in derived_tensors:
         watched |= depends[name]
     watched |= _read_by_stage(graph_module, hoisted, live, derived, depends)
-    unknown = [name for name in unknown if any(n.op == "get_attr" and n.target == name for n in graph.nodes)]
-    if unknown:
+    if unknown:  # baked in, or behind a derived constant: which weights it came from is not known
         watched |= set(weight_positions)
     return WeightBinding(list(user_indices), list(live), derived_tensors, sorted(watched), bool(unknown),
                          records, weights, fixed, depends)
