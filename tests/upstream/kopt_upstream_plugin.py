@@ -68,7 +68,9 @@ def pytest_runtest_call(item):
     outcome = yield
     breaks = {k: v - breaks_before.get(k, 0) for k, v in torch._dynamo.utils.counters.get("graph_break", {}).items()
               if v > breaks_before.get(k, 0)}
-    record = dict(test=item.nodeid, passed=outcome.excinfo is None, graph_breaks=breaks, graphs=[])
+    error = outcome.excinfo[1] if outcome.excinfo else None
+    status = "passed" if error is None else "skipped" if isinstance(error, pytest.skip.Exception) else "failed"
+    record = dict(test=item.nodeid, status=status, graph_breaks=breaks, graphs=[])
     if BACKEND == "kopt":
         for backend in kopt_backend._ENTRY_POINT_BACKENDS.values():
             for graph in backend.report.graphs:
@@ -92,7 +94,7 @@ def pytest_terminal_summary(terminalreporter):
         fired = sum(1 for g in graphs if g["rewrites"])
         fallbacks = sorted({g["fallback"] for g in graphs if g["fallback"]})
         terminalreporter.write_line(
-            f"{'PASS' if record['passed'] else 'FAIL'} {record['test']}: {len(graphs)} graph(s), {fired} with "
+            f"{record['status'].upper()} {record['test']}: {len(graphs)} graph(s), {fired} with "
             f"rewrites ({sum(g['rewrites'] for g in graphs)} in all), re-derived "
             f"{sum(g['rederivations'] for g in graphs)}x, graph breaks {sum(record['graph_breaks'].values())}"
             + (f"; fallbacks: {fallbacks}" if fallbacks else ""))
