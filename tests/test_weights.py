@@ -58,8 +58,15 @@ def _compile_siblings(via: str, **options):
     if via == "kopt.compile":
         compiled = kopt.compile(model, lower="eager", **options)
         return model, compiled, lambda: compiled.kopt_report
+    previous = kopt.last_backend_report()  # backend="kopt" keeps one report per options in a process
+    start = len(previous.graphs) if previous is not None else 0
     compiled = torch.compile(model, backend="kopt", options={"lower": "eager", **options})
-    return model, compiled, kopt.last_backend_report
+
+    def report():
+        full = kopt.last_backend_report()
+        return kopt.Report(graphs=full.graphs[start if full is previous else 0:])
+
+    return model, compiled, report
 
 
 def _compiled(policy):
