@@ -11,8 +11,9 @@ and the memoized step-invariant stage) are passed as tensors kopt owns. A
 :class:`~kopt.weight_guard.WeightGuard` watches only the weights those derived values came from;
 on a change the graph follows ``CompileOptions.on_weight_change`` (by default it derives them again
 in place, with no new capture or lowering). A graph called with several modules' weights (repeated
-blocks compiled regionally) keeps derived tensors per module (:mod:`kopt.weight_sets`). When no rewrite fired, the original dynamo graph is
-lowered exactly as plain ``torch.compile`` would, with weights as ordinary inputs and no check.
+blocks compiled regionally) keeps derived tensors per module (:mod:`kopt.weight_sets`). When no
+rewrite fired, the original dynamo graph is lowered exactly as plain ``torch.compile`` would, with
+weights as ordinary inputs and no check.
 """
 
 from __future__ import annotations
