@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
-from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.config import CompileOptions, Lowering, Role, WeightChange, WeightCheck, mode_options
 from kopt.dynamo_cache import compile_isolated
 from kopt.fallback import EagerFallbackWarning, note_eager_call, watching
 from kopt.fp8.config import Fp8Config
@@ -40,9 +41,10 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  verify: bool = False, strict: bool = False,
                  roles: Mapping[str, Role | str] | None = None,
                  on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
+                 weight_check: WeightCheck | str = WeightCheck.CHECKSUM,
                  trace: str | Path | None = None, fuel: int | None = None,
                  memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
-                 cuda_graphs: bool | None = None, progress: bool | None = None,
+                 cuda_graphs: bool | None = None, mode: str | None = None, progress: bool | None = None,
                  check_lowering: bool | None = None) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
     if fp8:
@@ -50,28 +52,59 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
             raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
         from_auto = passes == "auto" or (isinstance(passes, (list, tuple)) and "auto" in passes)
         passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, from_auto=from_auto)
+    mode = mode or "default"
+    mode_options(mode)  # an unknown mode fails here, not at the first call
     options = CompileOptions.from_environment(
         lower=_enum(Lowering, lower, "lower"),
         verify=verify,
         strict=strict,
         roles=tuple((name, _enum(Role, role, f"roles[{name!r}]")) for name, role in (roles or {}).items()),
         on_weight_change=_enum(WeightChange, on_weight_change, "on_weight_change"),
+        weight_check=_enum(WeightCheck, weight_check, "weight_check"),
         trace_dir=Path(trace) if trace is not None else None,
         fuel=fuel,
         memo_entries=memo_entries,
         cuda_graphs=cuda_graphs,
+        mode=mode,
         progress=progress,
         check_lowering=check_lowering,
     )
     return KoptBackend(passes, options)
 
 
-def _forward_argument_names(module: torch.nn.Module) -> tuple[str, ...]:
+def _argument_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of ``fn``'s positional parameters (dynamo names positional inputs by index)."""
     try:
-        parameters = inspect.signature(module.forward).parameters.values()
+        parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return ()
     return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _run(backend: KoptBackend, compiled: Callable[..., Any], name: str, args: tuple[Any, ...],
+         kwargs: dict[str, Any]) -> Any:
+    """One call of a compiled module or function: progress on the compiling call, kopt's own errors
+    unwrapped, and a call that ran no kopt graph counted and warned about (:mod:`kopt.fallback`)."""
+    graph_calls, limit_before = backend.graph_calls, backend.report.recompile_limit
+    try:
+        with watching(backend.report):
+            if backend.report.graphs:
+                out = compiled(*args, **kwargs)
+            else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
+                with show_progress(backend.options.progress):
+                    log.info("tracing %s with dynamo", name)
+                    out = compiled(*args, **kwargs)
+    except torch._dynamo.exc.BackendCompilerFailed as error:
+        inner = getattr(error, "inner_exception", None)
+        if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
+            raise inner from None  # kopt's own error, not a compiler crash: show it as such
+        raise
+    if backend.graph_calls == graph_calls:
+        note_eager_call(backend.report, stacklevel=6)  # the caller of the module
+    elif backend.report.recompile_limit != limit_before:
+        warnings.warn(f"kopt: part of a call runs eagerly from now on when no compiled graph matches: "
+                      f"{backend.report.recompile_limit}", EagerFallbackWarning, stacklevel=5)
+    return out
 
 
 class KoptModule(torch.nn.Module):
@@ -92,33 +125,14 @@ class KoptModule(torch.nn.Module):
         super().__init__()
         self._orig_mod = module
         object.__setattr__(self, "_kopt_release_pending", release_weights)
-        backend.argument_names = _forward_argument_names(module)
+        backend.argument_names = _argument_names(module.forward)
         object.__setattr__(self, "_kopt_backend", backend)
         object.__setattr__(self, "_kopt_compiled",
                            compile_isolated(module, backend, fullgraph=fullgraph, dynamic=dynamic))
         weakref.finalize(self, backend.dispose)  # dynamo keeps every backend alive: drop its graphs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        backend = self._kopt_backend
-        graph_calls, limit_before = backend.graph_calls, backend.report.recompile_limit
-        try:
-            with watching(backend.report):
-                if backend.report.graphs:
-                    out = self._kopt_compiled(*args, **kwargs)
-                else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
-                    with show_progress(backend.options.progress):
-                        log.info("tracing %s with dynamo", type(self._orig_mod).__name__)
-                        out = self._kopt_compiled(*args, **kwargs)
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            inner = getattr(error, "inner_exception", None)
-            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
-                raise inner from None  # kopt's own error, not a compiler crash: show it as such
-            raise
-        if backend.graph_calls == graph_calls:
-            note_eager_call(backend.report, stacklevel=5)  # the caller of the module
-        elif backend.report.recompile_limit != limit_before:
-            warnings.warn(f"kopt: part of a call runs eagerly from now on when no compiled graph matches: "
-                          f"{backend.report.recompile_limit}", EagerFallbackWarning, stacklevel=4)
+        out = _run(self._kopt_backend, self._kopt_compiled, type(self._orig_mod).__name__, args, kwargs)
         if self._kopt_release_pending:  # the first call compiled every graph of the forward: free what none reads
             object.__setattr__(self, "_kopt_release_pending", False)
             self._kopt_backend.release_unread_weights()
@@ -130,7 +144,8 @@ class KoptModule(torch.nn.Module):
         return self._kopt_backend.report
 
     def kopt_refresh(self) -> None:
-        """Re-capture with the module's current weights at the next call (after a LoRA swap)."""
+        """Capture and lower again with the module's current weights at the next call (changes kopt
+        watches are handled without it; see ``on_weight_change`` and ``weight_check``)."""
         self._kopt_backend.refresh()
 
     def __getattr__(self, name: str) -> Any:
@@ -140,31 +155,64 @@ class KoptModule(torch.nn.Module):
             return getattr(self._modules["_orig_mod"], name)
 
 
-def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
+class KoptFunction:
+    """A compiled function: call it like the original; ``kopt_report`` says what kopt did.
+
+    Tensors the function reads from its closure or from globals are inputs of the compiled graph,
+    read on every call (as with ``torch.compile``), so changing them needs no recompilation.
+    """
+
+    def __init__(self, fn: Callable[..., Any], backend: KoptBackend, *, fullgraph: bool,
+                 dynamic: bool | None) -> None:
+        functools.update_wrapper(self, fn)
+        backend.argument_names = _argument_names(fn)
+        self._kopt_backend = backend
+        self._kopt_compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+        weakref.finalize(self, backend.dispose)  # dynamo keeps every backend alive: drop its graphs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _run(self._kopt_backend, self._kopt_compiled, getattr(self, "__name__", "function"), args, kwargs)
+
+    @property
+    def kopt_report(self) -> Report:
+        """Per graph: inputs and their roles, each pass's matches, near misses, node changes, time."""
+        return self._kopt_backend.report
+
+    def kopt_refresh(self) -> None:
+        """Capture and lower again at the next call."""
+        self._kopt_backend.refresh()
+
+
+def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "auto", *,
             lower: Lowering | str = Lowering.INDUCTOR, verify: bool = False, strict: bool = False,
             roles: Mapping[str, Role | str] | None = None,
             on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
+            weight_check: WeightCheck | str = WeightCheck.CHECKSUM,
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = None,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
-            release_weights: bool = False, progress: bool | None = None,
-            check_lowering: bool | None = None) -> KoptModule:
+            release_weights: bool = False, mode: str | None = None, progress: bool | None = None,
+            check_lowering: bool | None = None) -> KoptModule | KoptFunction:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
-        model: the module to speed up (inference only: weights are frozen into the graph).
+        model: the module to speed up (inference only), or a plain function (then a
+            :class:`KoptFunction` comes back).
         passes: ``"auto"`` (the default pipeline), a list mixing pass names and
             :class:`kopt.Pass` objects, or ``[]`` to capture and lower only.
         lower: ``"inductor"`` (default) or ``"eager"`` (run the rewritten graph op by op).
-        verify: on the first call, run the rewritten graph op by op and check each output against
-            the contracts of the passes that fired, measured against a higher-precision reference
-            of the same weights with eager beside it (:mod:`kopt.verify`); fall back to the original
-            graph if any contract is broken.
+        verify: on the first call, compare the rewritten graph against the original on the same
+            inputs and fall back to the original if any pass's contract is broken.
         strict: raise instead of skipping a pass that fails (or a failed verification).
         roles: binding time per forward argument (``{"timestep": "step-invariant"}``); arguments
             not named are inferred from their names, and the report says how.
-        on_weight_change: what to do when frozen weights change after compiling:
-            ``"recompile"`` (default), ``"raise"`` or ``"ignore"``.
+        on_weight_change: what to do when a weight behind a derived constant (merged, quantized,
+            folded, memoized) changes after compiling: ``"recompile"`` (default: derive them again
+            in place, without capturing or lowering again), ``"raise"`` or ``"ignore"``. Weights no
+            pass transformed are read live by the compiled graph and need nothing.
+        weight_check: how such a change is noticed: ``"checksum"`` (default: also sees writes
+            through ``param.data``, as PEFT's LoRA hot-swap makes; reads those weights once per
+            call) or ``"version"`` (version counter and storage only: free, misses ``.data`` writes).
         trace: folder for each pass's graph before/after (``KOPT_DEBUG=1`` uses ``kopt_debug``).
         fuel: apply only the first ``fuel`` rewrites (``KOPT_FUEL``), to bisect numerics.
         memo_entries: step-invariant results kept (one per distinct timestep/guidance value).
@@ -184,6 +232,10 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             compiled graph reads (the bf16 originals of FP8-quantized or merged linears). The module
             can then no longer run by itself, and a call that needs a new compilation (new shapes,
             changed weights) raises :class:`kopt.WeightsReleasedError`.
+        mode: ``torch.compile``'s modes: ``"default"``, ``"reduce-overhead"`` (CUDA graphs on),
+            ``"max-autotune"`` (Inductor's GEMM and launch-config tuning, CUDA graphs on),
+            ``"max-autotune-no-cudagraphs"`` (the same, CUDA graphs off); an explicit
+            ``cuda_graphs`` wins over the mode's.
         progress: show each step of a compile (tracing, capture, each pass, lowering, autotuning) on
             stderr: True, False, or None (default: a status line when stderr is a terminal and logging
             does not already show the ``kopt`` logger's INFO records).
@@ -194,10 +246,17 @@ def compile(model: torch.nn.Module, passes: PassSpec = "auto", *,
             raise :class:`kopt.LoweringCheckFailed`). None (default): on for ``lower="inductor"``.
 
     Returns:
-        A :class:`KoptModule`; compilation happens at the first call.
+        A :class:`KoptModule` (a :class:`KoptFunction` for a function); compilation happens at
+        the first call.
     """
+    if not callable(model):
+        raise TypeError(f"kopt.compile expects a torch.nn.Module or a function, got {type(model).__name__}")
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
-                           on_weight_change=on_weight_change, trace=trace, fuel=fuel,
-                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, progress=progress,
-                           check_lowering=check_lowering)
+                           on_weight_change=on_weight_change, weight_check=weight_check, trace=trace, fuel=fuel,
+                           memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
+                           progress=progress, check_lowering=check_lowering)
+    if not isinstance(model, torch.nn.Module):
+        if release_weights:
+            raise ValueError("release_weights=True frees a module's weights; a function has none")
+        return KoptFunction(model, backend, fullgraph=fullgraph, dynamic=dynamic)
     return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic, release_weights=release_weights)

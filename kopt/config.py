@@ -16,14 +16,25 @@ class Lowering(enum.Enum):
 
 
 class WeightChange(enum.Enum):
-    """What a compiled module does when a frozen weight changed after compiling (LoRA swap, load)."""
+    """What a compiled graph does when a weight behind a derived constant changed after compiling
+    (a LoRA hot-swap, ``load_state_dict``). Weights no pass transformed are read live: always current."""
 
-    RECOMPILE = "recompile"  # capture and rewrite again with the new weights (correct, slow once)
+    # compute the derived constants (merged, quantized, folded, memoized) again from the new
+    # weights, in place, without capturing or lowering again
+    RECOMPILE = "recompile"
     RAISE = "raise"  # raise WeightsChangedError; call ``kopt_refresh()`` yourself
-    # skip the per-call check (saves ~1 µs per weight per call). Only for weights that never change:
-    # constants derived at compile time (concatenated, quantized) would go stale while the rest of
-    # the graph reads the updated tensors, so a change gives a mix of old and new weights.
+    # skip the per-call check. Only for weights that never change: derived constants would go
+    # stale while the rest of the graph reads the updated weights (a mix of old and new).
     IGNORE = "ignore"
+
+
+class WeightCheck(enum.Enum):
+    """How a compiled graph notices that a weight behind a derived constant changed (:mod:`kopt.weight_guard`)."""
+
+    # version counter and storage, then a row-wise checksum of each watched weight: sees writes
+    # through ``param.data`` too (PEFT's hot-swap); reads the watched weights once per call
+    CHECKSUM = "checksum"
+    VERSION = "version"  # version counter and storage only: free, but misses writes through ``param.data``
 
 
 class Role(enum.Enum):
@@ -57,6 +68,8 @@ class CompileOptions:
         check_lowering: on the first call, check the lowered graph's outputs against a
             higher-precision reference (:mod:`kopt.checks`) and run the graph as FX if it fails;
             None (default) means yes for ``lower="inductor"``.
+        weight_check: how a change of a weight behind a derived constant is noticed.
+        mode: ``torch.compile``'s mode (:func:`mode_options`): Inductor options and CUDA graphs.
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -70,11 +83,22 @@ class CompileOptions:
     cuda_graphs: bool | None = None
     progress: bool | None = None
     check_lowering: bool | None = None
+    weight_check: WeightCheck = WeightCheck.CHECKSUM
+    mode: str = "default"
 
     @property
     def use_cuda_graphs(self) -> bool:
-        """Whether lowered graphs with CUDA inputs are replayed from CUDA graphs."""
-        return self.lower is Lowering.INDUCTOR if self.cuda_graphs is None else self.cuda_graphs
+        """Whether lowered graphs with CUDA inputs are replayed from CUDA graphs: ``cuda_graphs`` if
+        given, else what ``mode`` says, else yes for ``lower="inductor"``."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs
+        from_mode, _ = mode_options(self.mode)
+        return self.lower is Lowering.INDUCTOR if from_mode is None else from_mode
+
+    @property
+    def inductor_options(self) -> dict[str, object]:
+        """Inductor config patches for lowering (from ``mode``)."""
+        return mode_options(self.mode)[1]
 
     @property
     def checks_lowering(self) -> bool:
@@ -97,3 +121,25 @@ class CompileOptions:
 
     def role_for(self, name: str) -> Role | None:
         return dict(self.roles).get(name)
+
+
+def mode_options(mode: str) -> tuple[bool | None, dict[str, object]]:
+    """``torch.compile``'s ``mode`` as (CUDA graphs on/off/None for kopt's default, Inductor options).
+
+    Inductor's options for the mode are torch's own (``torch._inductor.list_mode_options``:
+    ``max-autotune`` tunes GEMM templates and pointwise launch configs) except
+    ``triton.cudagraphs``: kopt replays each lowered graph from CUDA graphs itself
+    (:mod:`kopt.cuda_graphs`), so a mode that asks for them turns on kopt's ``cuda_graphs``, and
+    ``max-autotune-no-cudagraphs`` turns them off. kopt's own kernels tune their launch configs
+    in every mode (``KOPT_AUTOTUNE=0`` turns that off).
+    """
+    from torch._inductor import list_mode_options
+
+    known = list_mode_options()
+    if mode not in known:
+        raise ValueError(f"mode={mode!r}: expected one of {sorted(known)}")
+    inductor = dict(known[mode])
+    graphs = inductor.pop("triton.cudagraphs", None)
+    if mode == "max-autotune-no-cudagraphs":
+        graphs = False
+    return graphs, inductor

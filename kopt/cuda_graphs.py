@@ -10,6 +10,11 @@ Valid because the lowered graph is a pure function of its inputs (weights are co
 into it, inference only, static shapes): replaying the recorded kernels on the same buffers with the
 new values copied in computes what calling it would. What could go wrong, and how it is handled:
 
+* weights are inputs too (:mod:`kopt.fx.weights`): those at ``static_inputs`` are recorded in
+  place, not copied (a replay reads the parameter's own storage, so an in-place write to it is
+  what the next replay computes with); their addresses are part of the signature, so weights at
+  new addresses (``param.data = new``, or another block's weights through the same graph) are
+  recorded as a signature of their own;
 * the recorded outputs are overwritten by the next replay, so each call returns fresh copies
   (``clone_outputs``; a DiT's output is the small latent, so the copy is cheap);
 * warm-up (autotuning, cuBLAS/cuDNN plan selection, lazy initialisation) must not be recorded, so
@@ -33,11 +38,14 @@ import torch
 from torch.utils._pytree import tree_map
 
 
-def _signature(args: Sequence[Any]) -> tuple[Any, ...] | str:
+def _signature(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> tuple[Any, ...] | str:
     """A hashable signature of the call, or why the call cannot be replayed from a graph. Inference
-    mode is part of it: buffers recorded under it cannot be written outside it."""
+    mode is part of it: buffers recorded under it cannot be written outside it. Inputs at ``skip``
+    (weights: their shapes are fixed by dynamo's guards, their storage checked apart) are left out."""
     parts: list[Any] = [("inference_mode", torch.is_inference_mode_enabled())]
     for index, arg in enumerate(args):
+        if index in skip:
+            continue
         if isinstance(arg, torch.Tensor):
             if not arg.is_cuda:
                 return f"input {index} is on {arg.device}, not a CUDA device"
@@ -72,14 +80,16 @@ class _Recorded:
     graph: torch.cuda.CUDAGraph
     inputs: list[Any]
     outputs: Any
+    copied: list[int]  # the inputs copied into the recorded buffers before each replay (not weights)
 
 
 class CudaGraphRunner:
     """``fn(*args)`` replayed from a CUDA graph per input signature (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], *, warmup: int = 1, max_graphs: int = 4,
-                 clone_outputs: bool = True) -> None:
+                 clone_outputs: bool = True, static_inputs: Sequence[int] = ()) -> None:
         self.fn, self.warmup, self.max_graphs, self.clone_outputs = fn, warmup, max_graphs, clone_outputs
+        self.static_inputs = frozenset(static_inputs)
         self._graphs: dict[tuple[Any, ...], _Recorded] = {}
         self._calls: dict[tuple[Any, ...], int] = {}
         self._pool: Any = None
@@ -89,9 +99,10 @@ class CudaGraphRunner:
         if self.stats.disabled is not None:
             self.stats.plain_calls += 1
             return self.fn(*args)
-        signature = _signature(args)
+        signature = _signature(args, self.static_inputs)
         if isinstance(signature, str):
             return self._plain(signature, args)
+        signature = (*signature, ("weights at", tuple(args[i].data_ptr() for i in sorted(self.static_inputs))))
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self._plain("autograd is recording (CUDA graphs here are for inference)", args)
         recorded = self._graphs.get(signature)
@@ -112,8 +123,9 @@ class CudaGraphRunner:
                 return self.fn(*args)
             self._graphs[signature] = recorded
             self.stats.recorded = len(self._graphs)
-        for static, arg in zip(recorded.inputs, args, strict=True):
-            if isinstance(static, torch.Tensor) and static.data_ptr() != arg.data_ptr():
+        for index in recorded.copied:
+            static, arg = recorded.inputs[index], args[index]
+            if static.data_ptr() != arg.data_ptr():
                 static.copy_(arg)
         recorded.graph.replay()
         self.stats.replays += 1
@@ -128,7 +140,8 @@ class CudaGraphRunner:
         return self.fn(*args)
 
     def _record(self, args: Sequence[Any]) -> _Recorded:
-        inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        inputs = [a.clone() if isinstance(a, torch.Tensor) and i not in self.static_inputs else a
+                  for i, a in enumerate(args)]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # one more warm-up, on a side stream as capture requires
@@ -139,4 +152,5 @@ class CudaGraphRunner:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = self.fn(*inputs)
-        return _Recorded(graph, inputs, outputs)
+        copied = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and i not in self.static_inputs]
+        return _Recorded(graph, inputs, outputs, copied)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -14,14 +14,15 @@ from kopt.config import Lowering
 
 
 def lower(graph_module: torch.fx.GraphModule, example_inputs: list[object],
-          lowering: Lowering) -> Callable[..., object]:
-    """A callable that runs ``graph_module`` on arguments shaped like ``example_inputs``."""
+          lowering: Lowering, inductor_options: Mapping[str, object] | None = None) -> Callable[..., object]:
+    """A callable that runs ``graph_module`` on arguments shaped like ``example_inputs``
+    (``inductor_options``: Inductor config patches, e.g. ``max_autotune``)."""
     if lowering is Lowering.EAGER:
         return graph_module
     from torch._inductor.compile_fx import compile_fx
 
     with shallow_operator_messages():
-        return compile_fx(graph_module, example_inputs)
+        return compile_fx(graph_module, example_inputs, config_patches=dict(inductor_options or {}) or None)
 
 
 def _torch_release() -> tuple[int, int]:

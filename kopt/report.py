@@ -44,7 +44,10 @@ class GraphReport:
     compile_seconds: float = 0.0
     fallback: str | None = None  # why the original graph runs instead of the rewritten one
     verification: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    weight_refreshes: int = 0
+    weight_refreshes: int = 0  # full rebuilds (kopt_refresh(), or a change kopt could not re-derive)
+    weight_rederivations: int = 0  # times derived constants were computed again after weights changed
+    # how the lowered graph gets its weights (kopt.fx.weights): live, derived, watched (and the check)
+    weights: dict[str, Any] = dataclasses.field(default_factory=dict)
     memo: Any = None  # kopt.fx.staged_program.MemoStats of the step-invariant stage, live
     cuda_graphs: Any = None  # kopt.cuda_graphs.CudaGraphStats of the per-step stage, live (None: not used)
     lowering_check: Any = None  # kopt.checks.LoweringCheck (None: not checked: lower="eager" or turned off)
@@ -87,6 +90,19 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> str:
     return ", ".join(parts) or "unchanged"
 
 
+def describe_weights(weights: dict[str, Any]) -> str:
+    """One line: which weights the lowered graph reads live, which are derived, how changes are seen."""
+    text = f"weights: {weights['live']} read live, {weights['derived']} derived by kopt"
+    if not weights["watched"]:
+        return text + " (from no module weight: nothing to watch)"
+    if weights["check"] == "none":
+        return text + f"; {weights['watched']} they depend on are not watched (on_weight_change=ignore)"
+    cost = (f", reading {weights['watched_bytes'] / 2**20:,.1f} MiB per call" if weights["check"] == "checksum"
+            else "")
+    return text + (f"; {weights['watched']} module weights they depend on watched by {weights['check']}{cost}; "
+                   f"on a change: {weights['on_change']}")
+
+
 def render(report: Report, max_near_misses: int = 5) -> str:
     """A plain-text table per graph: pass, contract, status, matches, node changes, time."""
     lines = [f"kopt report: {len(report.graphs)} graph(s), {len(report.graph_breaks)} graph break(s)"]
@@ -108,7 +124,7 @@ def render(report: Report, max_near_misses: int = 5) -> str:
                 reason = entry["reason"].split("': ", 1)[-1]  # the rule, without the repeated name
                 roles.setdefault(entry["role"], []).append(f"{entry['argument']} [{reason}]")
         constants = sum(1 for entry in graph.inputs if entry["role"] == "constant")
-        lines.append(f"  inputs: {constants} constant (parameters/buffers, frozen)")
+        lines.append(f"  inputs: {constants} constant (parameters/buffers)")
         for role, names in roles.items():
             lines.append(f"  inputs {role}: " + ", ".join(names))
         if graph.fallback:
@@ -145,6 +161,10 @@ def render(report: Report, max_near_misses: int = 5) -> str:
                          f"{graph.memo.evictions} evictions")
         if graph.cuda_graphs is not None:
             lines.append(f"  {graph.cuda_graphs.describe()}")
+        if graph.weights:
+            lines.append("  " + describe_weights(graph.weights))
+        if graph.weight_rederivations:
+            lines.append(f"  derived constants computed again {graph.weight_rederivations}× after weights changed")
         if graph.weight_refreshes:
             lines.append(f"  recompiled {graph.weight_refreshes}× after weights changed")
     return "\n".join(lines)

@@ -97,3 +97,36 @@ def test_a_library_function_with_optional_parameters_is_a_replacement():
     assert aten.silu.default in targets and aten.sigmoid.default not in targets
     x = torch.randn(3, 5)
     assert rel_err(graph_module(x), (x * torch.sigmoid(x)).sum()) < 1e-5
+
+
+def _silu_rule(**extra):
+    return kopt.Rule("mul-sigmoid→silu", lambda x: x * torch.sigmoid(x), lambda x: torch.nn.functional.silu(x),
+                     example=lambda: (torch.randn(8, 16),), why="silu(x) is defined as x * sigmoid(x)", **extra)
+
+
+def _apply(rule, *inputs):
+    graph_module = trace_function(lambda x: x * torch.sigmoid(x), *inputs)
+    ctx = PassContext("fuse-silu")
+    kopt.RewritePass("fuse-silu", "t", kopt.Contract.tolerance(1e-5), [rule]).apply(graph_module, ctx)
+    return graph_module, ctx
+
+
+def test_a_rule_traced_on_floats_declines_integer_inputs_with_a_reason():
+    """x * sigmoid(x) of an int64 x is a float tensor; silu(x) of it is not the same computation."""
+    graph_module, ctx = _apply(_silu_rule(), torch.arange(-4, 4))
+    assert ctx.matches == {}
+    assert len(ctx.near_misses) == 1 and "int64" in ctx.near_misses[0].reason
+    assert any(n.target is aten.sigmoid.default for n in graph_module.graph.nodes)
+
+
+def test_a_rule_traced_on_fp32_matches_every_floating_dtype():
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        _, ctx = _apply(_silu_rule(), torch.randn(4, 16, dtype=dtype))
+        assert ctx.matches == {"mul-sigmoid→silu": 1}, dtype
+
+
+def test_dtypes_says_exactly_which_dtypes_a_rule_may_match():
+    _, ctx = _apply(_silu_rule(dtypes={torch.float32}), torch.randn(4, 16, dtype=torch.bfloat16))
+    assert ctx.matches == {} and "bfloat16" in ctx.near_misses[0].reason
+    _, ctx = _apply(_silu_rule(dtypes={torch.float32}), torch.randn(4, 16))
+    assert ctx.matches == {"mul-sigmoid→silu": 1}

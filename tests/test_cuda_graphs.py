@@ -101,3 +101,30 @@ def test_a_kernel_recorded_into_a_graph_runs_the_config_its_warm_up_tuned(tmp_pa
     assert torch.equal(replayed[0].float(), eager[0].float()) and torch.equal(replayed[1], eager[1])
     q_ref, scale_ref = activation_quant.reference(h, None, "gelu_tanh")  # and both are the op's value
     assert_fp8_matches(replayed[0], replayed[1], q_ref, scale_ref, exact=False)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_replays_read_weights_where_they_are_and_follow_any_write_to_them():
+    """Weights are recorded in place, not copied: a write through ``.data`` to a weight read live, or
+    to one behind a merged (derived) weight, is what the next replay computes with; a weight given new
+    storage is recorded as a signature of its own."""
+    from tests.test_weights import Siblings
+
+    torch.manual_seed(0)
+    model = Siblings().cuda().eval()
+    compiled = kopt.compile(model, cuda_graphs=True)
+    x = torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel_err(compiled(x), model(x)) < 1e-5
+        stats = compiled.kopt_report.graphs[0].cuda_graphs
+        assert stats.recorded == 1 and stats.replays >= 1
+        model.out.weight.data.copy_(torch.randn(16, 16, device="cuda"))  # read live
+        model.q.weight.data.copy_(torch.randn(16, 16, device="cuda"))  # behind the merged Q/K weight
+        assert rel_err(compiled(x), model(x)) < 1e-5
+        replays = stats.replays
+        model.out.weight.data = torch.randn(16, 16, device="cuda")  # new storage
+        for _ in range(3):  # warm-up, record, replay
+            assert rel_err(compiled(x), model(x)) < 1e-5
+        assert stats.replays > replays and stats.recorded == 2  # the new address: a signature of its own

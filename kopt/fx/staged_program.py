@@ -8,7 +8,9 @@
 and :class:`StagedProgram` calls ``invariant`` through a small LRU memo keyed on the *bytes* of
 the key inputs (a pipeline builds a new ``timestep / 1000`` tensor for every call, so identity
 would never hit; equal bytes mean equal values, so a hit returns exactly what a recomputation
-would). The memo holds at most ``capacity`` entries, so a long denoising loop cannot grow it.
+would). Weights the stage reads as inputs are passed but not keyed (hashing them per call would
+read them all): whoever changes them calls :meth:`StagedProgram.clear` (the backend's weight
+guard does). The memo holds at most ``capacity`` entries, so a long denoising loop cannot grow it.
 Reading the key values copies a few bytes to the host, which waits for the GPU work queued
 before the call.
 """
@@ -22,12 +24,15 @@ from typing import Any
 
 import torch
 
+from kopt.config import Role
+
 
 @dataclasses.dataclass
 class StageSplit:
     invariant: torch.fx.GraphModule
     main: torch.fx.GraphModule
     key_positions: list[int]  # which of the original inputs the invariant stage reads
+    weight_positions: list[int] = dataclasses.field(default_factory=list)  # of those, weights (not keyed)
 
 
 def split_stages(graph_module: torch.fx.GraphModule, frontier_names: Sequence[str]) -> StageSplit:
@@ -73,7 +78,8 @@ def split_stages(graph_module: torch.fx.GraphModule, frontier_names: Sequence[st
                 inputs_for_frontier[value] = placeholder
     main_graph.eliminate_dead_code()
     main = torch.fx.GraphModule(graph_module, main_graph)
-    return StageSplit(invariant, main, [placeholders.index(k) for k in keys])
+    weights = [placeholders.index(k) for k in keys if k.meta.get("kopt_role") is Role.CONSTANT]
+    return StageSplit(invariant, main, [placeholders.index(k) for k in keys], weights)
 
 
 def value_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
@@ -105,17 +111,18 @@ class StagedProgram:
     """``main(*inputs, *invariant(*key inputs))`` with ``invariant`` memoized on input values."""
 
     def __init__(self, invariant: Callable[..., Any], main: Callable[..., Any], key_positions: list[int],
-                 capacity: int = 2, stats: MemoStats | None = None) -> None:
+                 capacity: int = 2, stats: MemoStats | None = None, weight_positions: Sequence[int] = ()) -> None:
         if capacity < 1:
             raise ValueError("the memo needs room for at least one entry")
         self.invariant, self.main, self.key_positions = invariant, main, key_positions
+        self.value_positions = [i for i in key_positions if i not in set(weight_positions)]
         self.capacity = capacity
         self.stats = stats or MemoStats()
         self._memo: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
 
     def hoisted_values(self, args: Sequence[Any]) -> tuple[Any, ...]:
         keys = [args[i] for i in self.key_positions]
-        key = value_key(keys)
+        key = value_key([args[i] for i in self.value_positions])
         cached = self._memo.get(key)
         if cached is not None:
             self._memo.move_to_end(key)
@@ -129,6 +136,11 @@ class StagedProgram:
             self.stats.evictions += 1
         self.stats.entries = len(self._memo)
         return values
+
+    def clear(self) -> None:
+        """Forget every memoized result (a weight the stage reads changed)."""
+        self._memo.clear()
+        self.stats.entries = 0
 
     def __call__(self, *args: Any) -> Any:
         return self.main(*args, *self.hoisted_values(args))

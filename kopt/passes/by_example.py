@@ -12,13 +12,19 @@ path as hand-written passes, and a user rule is just data.
 
     rule = Rule("mm-relu", pattern, replacement, example=lambda: (randn(4, 8), randn(8, 3)),
                 why="relu(x @ w) is the fused op's definition")
+
+A pattern says what is computed, not in which dtype: ``x * sigmoid(x)`` of an int64 ``x`` is the
+same graph as of a float ``x`` but a different computation (integer promotion), and a replacement
+written for floats is wrong there. So a rule matches only inputs of the dtype *class* (floating,
+complex, integer, bool) its example inputs had, position by position, unless ``dtypes`` names the
+dtypes it may match; any other match is declined with the reason (a near miss in the report).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -41,6 +47,8 @@ class Rule:
         why: one line: why ``replacement`` computes the same as ``pattern``.
         guard: ``guard(match) -> None`` to accept or a reason string to decline one match.
         ignore_literals: match any literal (shapes in ``view``, scalars) instead of equal ones.
+        dtypes: the dtypes every tensor input may have; None (default): those of the same class
+            (floating, complex, integer, bool) as the example input at the same position.
     """
 
     name: str
@@ -50,6 +58,29 @@ class Rule:
     why: str
     guard: Callable[[InternalMatch], str | None] | None = None
     ignore_literals: bool = False
+    dtypes: Collection[torch.dtype] | None = None
+
+    @functools.cached_property
+    def example_dtypes(self) -> tuple[torch.dtype | None, ...]:
+        """The dtype of each example input (None for a non-tensor one)."""
+        return tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in self.example())
+
+    def dtype_mismatch(self, match: InternalMatch) -> str | None:
+        """Why ``match``'s inputs have dtypes this rule was not written for, or None."""
+        for index, node in enumerate(match.placeholder_nodes):
+            value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if not isinstance(value, torch.Tensor):
+                continue
+            if self.dtypes is not None:
+                if value.dtype not in self.dtypes:
+                    allowed = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
+                    return f"input {index} is {str(value.dtype).removeprefix('torch.')}; the rule allows {allowed}"
+                continue
+            example = self.example_dtypes[index] if index < len(self.example_dtypes) else None
+            if example is not None and dtype_class(value.dtype) != dtype_class(example):
+                return (f"input {index} is {str(value.dtype).removeprefix('torch.')} ({dtype_class(value.dtype)}); "
+                        f"the rule was traced on {dtype_class(example)} inputs (Rule(dtypes=...) widens it)")
+        return None
 
     @functools.cached_property
     def pattern_graph(self) -> torch.fx.Graph:
@@ -58,6 +89,15 @@ class Rule:
     @functools.cached_property
     def replacement_graph(self) -> torch.fx.Graph:
         return _trace(self.replacement, self.example())
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    """floating, complex, bool or integer: dtypes within a class compute the same ops alike."""
+    if dtype.is_floating_point:
+        return "floating"
+    if dtype.is_complex:
+        return "complex"
+    return "bool" if dtype is torch.bool else "integer"
 
 
 def _trace(fn: Callable[..., object], example: tuple[torch.Tensor, ...]) -> torch.fx.Graph:
@@ -116,7 +156,7 @@ class RewritePass(Pass):
         for rule in self.rules:
             for match in find_matches(rule, graph):
                 anchor = match.returning_nodes[0] if match.returning_nodes else rule.name
-                reason = rule.guard(match) if rule.guard else None
+                reason = rule.dtype_mismatch(match) or (rule.guard(match) if rule.guard else None)
                 if reason is not None:
                     ctx.decline(rule.name, anchor, reason)
                 elif ctx.fire(rule.name, anchor):

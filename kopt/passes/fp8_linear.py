@@ -33,13 +33,13 @@ from kopt.fp8 import block_mm
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.fp8.quantize import BLOCK, FP8, FP8_MAX, MIN_AMAX, Operand, block_shape, quantize
 from kopt.fx.constants import (
-    add_constant,
     constant_value,
     drop_unused_constants,
     transposed_constant,
     weight_of,
     weight_paths,
 )
+from kopt.fx.derived import derive
 from kopt.fx.graph_utils import meta_value, replace, size_arg, stamp
 from kopt.fx.symbolic import static_int
 from kopt.passes.base import PassContext
@@ -48,6 +48,17 @@ from kopt.passes.fp8_pass import Fp8Pass
 aten = torch.ops.aten
 RULE = "fp8-linear"
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def quantize_weight(granularity: Granularity, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W8`` and ``scale_W`` of a weight, the scales laid out as the GEMM reads them."""
+    q_weight, w_scale = quantize(weight, granularity, Operand.WEIGHT)
+    weight_block = block_shape(granularity, Operand.WEIGHT)
+    if granularity is Granularity.ROW:
+        w_scale = w_scale.t().contiguous()  # (1, OUT): one scale per output column of the GEMM
+    elif weight_block is not None:
+        w_scale = block_mm.pack_weight_scale(w_scale, weight_block[0])
+    return q_weight, w_scale
 
 
 def _activation(node: torch.fx.Node) -> torch.fx.Node:
@@ -199,14 +210,9 @@ class Fp8Linear(Fp8Pass):
             if not ctx.fire(RULE, node):
                 continue
             weight_block = block_shape(granularity, Operand.WEIGHT)
-            with torch.no_grad():
-                q_weight, w_scale = quantize(constant_value(found), granularity, Operand.WEIGHT)
-            if granularity is Granularity.ROW:
-                w_scale = w_scale.t().contiguous()  # (1, OUT): one scale per output column of the GEMM
-            elif weight_block is not None:
-                w_scale = block_mm.pack_weight_scale(w_scale, weight_block[0])
-            q_node = add_constant(graph_module, "_kopt_fp8_weight", q_weight, node)
-            scale_node = add_constant(graph_module, "_kopt_fp8_scale", w_scale, node)
+            q_node, scale_node = derive(graph_module, ("_kopt_fp8_weight", "_kopt_fp8_scale"),
+                                        functools.partial(quantize_weight, granularity), [found], node)
+            q_weight, w_scale = constant_value(q_node), constant_value(scale_node)
             weight_bytes += q_weight.numel() + w_scale.numel() * 4
             bias = node.args[0] if node.target is aten.addmm.default else None
             out_dtype = meta_value(node).dtype

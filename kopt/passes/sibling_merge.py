@@ -9,17 +9,20 @@ and one large GEMM fills the GPU better than several narrow ones (Q/K/V of every
 in Qwen-Image the image and text modulation GEMMs of every block, which all read the timestep
 embedding). Contract: tolerance — the wider GEMM may pick another kernel (tiling, split-K) and
 round differently; the values are mathematically equal. Weights are concatenated once at compile
-time; the concatenated copy costs memory (reported).
+time; the concatenated copy costs memory (reported), and is recorded as a derivation
+(:mod:`kopt.fx.derived`) so that a sibling's changed weight is concatenated again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 
 import torch
 
-from kopt.fx.constants import add_constant, constant_value, transposed_constant, weight_of, weight_paths
+from kopt.fx.constants import constant_value, transposed_constant, weight_of, weight_paths
+from kopt.fx.derived import derive
 from kopt.fx.graph_utils import replace, stamp
 from kopt.passes.base import Contract, Pass, PassContext
 
@@ -54,6 +57,17 @@ def as_linear(node: torch.fx.Node) -> Linear | str:
     if weight_node is None:
         return "weight is not a constant (activation × activation product)"
     return Linear(node, constant_value(weight_node), bias)  # type: ignore[arg-type]
+
+
+def concatenate(*weights: torch.Tensor) -> torch.Tensor:
+    """The siblings' weights (or biases) stacked along the output dimension."""
+    return torch.cat(weights)
+
+
+def concatenate_biases(layout: tuple[int | None, ...], *biases: torch.Tensor) -> torch.Tensor:
+    """The siblings' biases stacked, zeros of the given width where a sibling has none (None: it has one)."""
+    present = iter(biases)
+    return torch.cat([next(present) if width is None else biases[0].new_zeros(width) for width in layout])
 
 
 class SiblingProjectionMerge(Pass):
@@ -91,17 +105,17 @@ class SiblingProjectionMerge(Pass):
         order = {node: i for i, node in enumerate(graph.nodes)}
         group.sort(key=lambda linear: order[linear.node])
         first = group[0].node
-        with torch.no_grad():
-            weight = torch.cat([linear.weight for linear in group])
-            has_bias = any(linear.bias is not None for linear in group)
-            zeros = [linear.weight.new_zeros(linear.weight.shape[0]) for linear in group]
-            bias = torch.cat([linear.bias if linear.bias is not None else zero
-                              for linear, zero in zip(group, zeros, strict=True)]) if has_bias else None
-        weight_node = add_constant(graph_module, "_kopt_merged_weight", weight, first)
+        weight_nodes = [weight_of(linear.node) for linear in group]
+        weight_node = derive(graph_module, "_kopt_merged_weight", concatenate, weight_nodes, first)
         # the merged weight answers to every sibling's parameter path (fp8 include/skip select by path)
-        weight_node.meta["kopt_params"] = tuple(
-            path for linear in group for path in weight_paths(weight_of(linear.node)))
-        bias_node = add_constant(graph_module, "_kopt_merged_bias", bias, first) if bias is not None else None
+        weight_node.meta["kopt_params"] = tuple(path for node in weight_nodes for path in weight_paths(node))
+        bias_node = None
+        if any(linear.bias is not None for linear in group):
+            layout = tuple(None if linear.bias is not None else linear.weight.shape[0] for linear in group)
+            biases = [linear.node.args[0] for linear in group if linear.bias is not None]
+            bias_node = derive(graph_module, "_kopt_merged_bias", functools.partial(concatenate_biases, layout),
+                               biases, first)
+        weight, bias = constant_value(weight_node), constant_value(bias_node)
         sizes = [linear.weight.shape[0] for linear in group]
         with graph.inserting_before(first):
             weight_t = graph.call_function(aten.t.default, (weight_node,))

@@ -12,11 +12,14 @@ ops run on the same values, only less often.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kopt.config import Role
 from kopt.fx.binding_time import binding_times, is_view
-from kopt.fx.constants import add_constant, constant_value
+from kopt.fx.constants import constant_value
+from kopt.fx.derived import derive, subgraph_computation
 from kopt.fx.graph_utils import replace
 from kopt.fx.symbolic import static_int
 from kopt.passes.base import Contract, Pass, PassContext
@@ -54,6 +57,15 @@ def gemm_flops(node: torch.fx.Node) -> int:
     return 0 if None in sizes else 2 * sizes[0] * sizes[1] * sizes[2]
 
 
+def _folded(computation: torch.fx.GraphModule, *constants: torch.Tensor) -> torch.Tensor:
+    """A folded constant's value, in storage of its own (a small slice must not keep a large
+    intermediate alive)."""
+    value = computation(*constants)
+    if value.untyped_storage().nbytes() > value.numel() * value.element_size():
+        value = value.clone()
+    return value
+
+
 class BindingTimeStaging(Pass):
     name = "staging"
     why = "constants are computed once at compile time; step-invariant work once per timestep value"
@@ -68,25 +80,10 @@ class BindingTimeStaging(Pass):
         times = binding_times(graph)
         candidates = [n for n in needed_at_runtime(graph, times, Role.CONSTANT)
                       if n.op == "call_function" and not is_view(n)]
-        values: dict[torch.fx.Node, object] = {}
-
-        def evaluate(node: object) -> object:
-            if not isinstance(node, torch.fx.Node):
-                return node
-            if node not in values:
-                if node.op == "get_attr":
-                    values[node] = constant_value(node)
-                else:
-                    args = torch.fx.node.map_arg(node.args, evaluate)
-                    kwargs = torch.fx.node.map_arg(node.kwargs, evaluate)
-                    values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
-            return values[node]
-
         folded_bytes = 0
         order = {node: i for i, node in enumerate(graph.nodes)}
         for node in sorted(candidates, key=order.__getitem__):
-            with torch.no_grad():
-                value = evaluate(node)
+            value = node.meta.get("val")  # the fake value: what folding would produce, computed by nothing
             if not isinstance(value, torch.Tensor):
                 ctx.decline("fold-constant", node, f"returns {type(value).__name__}, not one tensor")
                 continue
@@ -96,9 +93,9 @@ class BindingTimeStaging(Pass):
                 continue
             if not ctx.fire("fold-constant", node):
                 continue
-            if value.untyped_storage().nbytes() > size:
-                value = value.clone()  # do not keep a large intermediate alive for a small slice of it
-            constant = add_constant(graph_module, "_kopt_folded", value, node)
+            # recorded with its subgraph, so that a changed weight it reads is folded again
+            computation, constants = subgraph_computation(node)
+            constant = derive(graph_module, "_kopt_folded", functools.partial(_folded, computation), constants, node)
             replace(node, constant, pass_name=self.name, rule="fold-constant")
             folded_bytes += size
         graph.eliminate_dead_code()

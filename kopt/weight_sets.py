@@ -1,0 +1,99 @@
+"""One compiled graph, many modules' weights: derived tensors and a guard per set of parameters.
+
+Regional compilation (diffusers' ``compile_repeated_blocks``: ``torch.compile`` of each block) runs
+one dynamo graph, so one kopt-compiled graph, for every block of the same class, each call with
+the parameters of another block. Weights read live need nothing for that; the constants kopt
+derived (a block's merged Q/K/V, its FP8 weights) belong to one block's parameters. So
+:class:`WeightSets` keeps one set of derived tensors, and one :class:`~kopt.weight_guard.WeightGuard`,
+per set of parameter *objects* the graph is called with:
+
+* a call with other parameter objects (another block) selects that block's set, computing it on
+  the block's first call;
+* a write into a parameter (same object, new values or new storage) is a change within the
+  current set, seen by its guard and derived again in place.
+
+Valid because a parameter object is one module's weight for its life (``param.data = new`` keeps
+the object). Sets whose parameters were all garbage-collected are dropped when a new set is made,
+so replacing a model's parameters (``load_state_dict(assign=True)``) does not keep the old derived
+tensors alive once the old parameters are gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kopt.config import WeightCheck
+from kopt.fx.weights import WeightBinding
+from kopt.weight_guard import WeightGuard
+
+
+@dataclasses.dataclass
+class _Set:
+    parameters: tuple[weakref.ref, ...]
+    derived: list[tuple[str, torch.Tensor]]
+    guard: WeightGuard | None
+
+    def belongs_to(self, args: Sequence[Any], positions: Sequence[int]) -> bool:
+        return all(ref() is args[p] for ref, p in zip(self.parameters, positions, strict=True))
+
+    def alive(self) -> bool:
+        return any(ref() is not None for ref in self.parameters)
+
+
+class WeightSets:
+    """The derived tensors and guard of each set of parameters a compiled graph is called with.
+
+    Args:
+        binding: the graph's weight binding; its ``derived`` list is switched to the selected set's.
+        args: the first call's arguments (the compile-time derived tensors belong to them).
+        check: how each set's guard watches its weights; None watches nothing (``on_weight_change="ignore"``).
+    """
+
+    def __init__(self, binding: WeightBinding, args: Sequence[Any], check: WeightCheck | None) -> None:
+        self.binding, self.check = binding, check
+        self._sets: dict[tuple[int, ...], _Set] = {}
+        self._key = self._add(args, binding.derived)
+
+    @property
+    def guard(self) -> WeightGuard | None:
+        """The guard of the selected set (assignable: benchmarks compare checks on one compiled graph)."""
+        return self._sets[self._key].guard
+
+    @guard.setter
+    def guard(self, guard: WeightGuard | None) -> None:
+        self._sets[self._key].guard = guard
+
+    @property
+    def count(self) -> int:
+        """How many sets are held (1 unless the graph serves several modules' weights)."""
+        return len(self._sets)
+
+    def forget_released(self) -> None:
+        """Stop reading weights ``release_weights=True`` freed, in every set."""
+        for entry in self._sets.values():
+            if entry.guard is not None:
+                entry.guard.forget_released()
+
+    def select(self, args: Sequence[Any]) -> bool:
+        """Select the set of ``args``' parameters, making it on their first call; True if it changed."""
+        key = tuple(id(args[p]) for p in self.binding.sources)
+        if key == self._key:
+            return False
+        entry = self._sets.get(key)
+        if entry is None or not entry.belongs_to(args, self.binding.sources):  # ids are reused after collection
+            self._sets = {k: s for k, s in self._sets.items() if s.alive()}
+            key = self._add(args, self.binding.fresh(args))
+        self._key = key
+        self.binding.derived = self._sets[key].derived
+        return True
+
+    def _add(self, args: Sequence[Any], derived: list[tuple[str, torch.Tensor]]) -> tuple[int, ...]:
+        key = tuple(id(args[p]) for p in self.binding.sources)
+        guard = WeightGuard(self.binding.sources, self.check, args) if self.check is not None else None
+        self._sets[key] = _Set(tuple(weakref.ref(args[p]) for p in self.binding.sources), derived, guard)
+        return key
