@@ -158,6 +158,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
                                "fuse-joint-attention-input", "staging"]),
     # the pipeline before the kernel fusions joined "auto" (issue 4's ablation baseline)
     "kopt-graph-only": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "staging"]),
+    # weight changes noticed by version counter and storage only (no per-call checksum of the watched weights)
+    "kopt-version-check": dict(passes="auto", weight_check="version"),
     # kernel by kernel, without CUDA-graph replay (the default since kopt.cuda_graphs)
     "kopt-no-graphs": dict(passes="auto", cuda_graphs=False),
     # auto plus row-wise FP8 linears: weights quantized at compile time, every producer emitting FP8
