@@ -24,7 +24,7 @@ from tests.conftest import rel_err, tiny_model_and_inputs
 aten = torch.ops.aten
 
 
-def _perturbing(gm: torch.fx.GraphModule, inputs: list, lowering: Lowering):
+def _perturbing(gm: torch.fx.GraphModule, inputs: list, lowering: Lowering, inductor_options=None):
     """"Inductor" runs the graph as FX and scales every floating output by 1 + 1e-4 (FX stays FX)."""
     run = real_lower(gm, inputs, Lowering.EAGER)
     if lowering is Lowering.EAGER:
@@ -37,7 +37,7 @@ def _perturbing(gm: torch.fx.GraphModule, inputs: list, lowering: Lowering):
     return perturbed
 
 
-def _dropping_a_residual(gm: torch.fx.GraphModule, inputs: list, lowering: Lowering):
+def _dropping_a_residual(gm: torch.fx.GraphModule, inputs: list, lowering: Lowering, inductor_options=None):
     """"Inductor" lowers a copy of the graph with its last residual add (tensor + tensor, same shape)
     replaced by its first operand: a dropped term (FX stays FX)."""
     if lowering is Lowering.EAGER:
