@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
@@ -136,6 +137,26 @@ class HigherPrecision(TorchDispatchMode):
                                            f"{tuple(value.shape)} (a buffer or input mutated by the forward)")
 
 
+# composite ops that compare their operands' dtypes before dispatch reaches the mode
+_CHECKS_DTYPES_FIRST = (torch.conv1d, torch.conv2d, torch.conv3d)
+
+
+class _UpcastBeforeDtypeChecks(TorchFunctionMode):
+    """Upcasts the operands of :data:`_CHECKS_DTYPES_FIRST` at the Python API, beside
+    :class:`HigherPrecision`: ``conv2d`` refuses a float64 input with a float32 bias in C++ before
+    any ATen op is dispatched, so the dispatch mode alone never sees it."""
+
+    def __init__(self, precision: HigherPrecision) -> None:
+        super().__init__()
+        self.precision = precision
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _CHECKS_DTYPES_FIRST:
+            args, kwargs = pytree.tree_map(self.precision._upcast, (args, kwargs))
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _full_precision_matmuls() -> Iterator[None]:
     """TF32 off while the reference runs on a GPU (TF32 keeps 10 mantissa bits: no reference)."""
@@ -177,7 +198,7 @@ def run_reference(fn: Callable[..., Any], *args: Any, dtype: torch.dtype | None 
         args, kwargs = pytree.tree_map(mode._upcast, (args, kwargs))
     elif upcast_inputs:
         args = tuple(pytree.tree_map(mode._upcast, a) if i in upcast_inputs else a for i, a in enumerate(args))
-    with torch.no_grad(), _full_precision_matmuls(), warnings.catch_warnings(), mode:
+    with torch.no_grad(), _full_precision_matmuls(), warnings.catch_warnings(), _UpcastBeforeDtypeChecks(mode), mode:
         # torch.rms_norm and layer_norm warn that mixed input/weight dtypes skip their fused kernel:
         # they do, and the unfused path then runs under the mode in the reference dtype
         warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")

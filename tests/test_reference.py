@@ -122,3 +122,15 @@ def test_the_default_dtype_follows_the_narrowest_input_not_the_first(monkeypatch
     model = _tiny_stack(1)
     reference_forward(model, torch.randn(1, 3, 32).float().to(torch.bfloat16))
     assert chosen == [torch.bfloat16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_convolutions_with_weights_left_narrow_equal_a_full_float64_copy(dims, dtype):
+    """conv1d/2d/3d compare input and bias dtypes before dispatch; the reference upcasts them first."""
+    conv = getattr(torch.nn, f"Conv{dims}d")(3, 5, 2, stride=2).to(dtype)
+    x = torch.randn(2, 3, *([6] * dims), dtype=dtype)
+    got = reference_forward(conv, x)
+    want = copy.deepcopy(conv).double()(x.double())
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

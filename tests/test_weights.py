@@ -265,3 +265,25 @@ def test_a_constant_of_unknown_provenance_rebuilds_on_any_weight_change():
     graph = compiled.kopt_report.graphs[0]
     assert compiled.kopt_report.matches("pretranspose") == 4  # a and b, each applied twice
     assert graph.weight_refreshes == 1 and graph.weights["on_change"] == "rebuild"
+
+
+@pytest.mark.slow
+def test_weights_made_inputs_leave_no_size_guard_dynamo_cannot_check():
+    """Inductor, cold (no FX graph or autograd cache), on SD3: a bound weight or hoisted value is
+    lowered as a static fake of dynamo's mode. Given as a real tensor, Inductor would give it size
+    symbols, a reshape would guard on them, and dynamo would fail to build the frame's guards."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    from kopt.workloads import get_workload
+
+    workload = get_workload("sd3")
+    torch.manual_seed(0)
+    model, inputs = workload.model("tiny"), workload.inputs("tiny", seed=int(torch.randint(1 << 30, ())))
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        compiled = kopt.compile(model, progress=False)
+        with torch.no_grad():
+            got, want = compiled(**inputs)[0], model(**inputs)[0]
+    assert rel_err(got, want) < 1e-4
+    graphs = compiled.kopt_report.graphs
+    assert len(graphs) == 1 and graphs[0].fallback is None and graphs[0].lowering == "inductor"

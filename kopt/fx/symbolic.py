@@ -144,12 +144,12 @@ def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[ob
     """Example inputs to lower ``graph_module`` with: when its sizes are symbolic, fakes in the mode
     of its symbols (Inductor then compiles one kernel set for every size): each placeholder's own,
     or, for one that has none in that mode (a weight made an input after capture), a static fake of
-    its real value; for a static graph, ``real_args``."""
+    its real value; for a static graph, ``real_args`` (see :func:`_static_in_dynamo`)."""
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("val") for n in placeholders]
     symbolic = [v for v in fakes if is_symbolic(v)]
     if not symbolic:
-        return list(real_args)
+        return _static_in_dynamo(real_args)
     mode = fake_mode_of(symbolic)
     examples: list[object] = []
     for fake, real in zip(fakes, real_args, strict=True):
@@ -160,6 +160,25 @@ def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[ob
         else:
             examples.append(real)
     return examples
+
+
+def _static_in_dynamo(real_args: Sequence[object]) -> list[object]:
+    """``real_args``, except that inside a dynamo compile each tensor dynamo did not trace (a weight made
+    an input, a hoisted value) becomes a static fake of dynamo's mode.
+
+    Why: Inductor fakes a real input it is given in the tracing context's mode, with a fresh size
+    symbol per dimension unless dynamo traced that tensor. A guard a kernel then needs on such a
+    symbol (a reshape's size check) lands among the frame's guards with no source to read it from,
+    and dynamo fails to build the frame's guards. A static fake has plain sizes: no symbol, no guard.
+    """
+    context = torch._guards.TracingContext.try_get()
+    mode = getattr(context, "fake_mode", None)
+    if mode is None or mode.shape_env is None:
+        return list(real_args)
+    traced = context.tensor_to_context
+    return [mode.from_tensor(arg.detach(), static_shapes=True)
+            if isinstance(arg, torch.Tensor) and not isinstance(arg, FakeTensor) and arg not in traced else arg
+            for arg in real_args]
 
 
 def same_sizes(a: Sequence[Any], b: Sequence[Any]) -> bool:
