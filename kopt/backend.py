@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from torch._dynamo.exc import RestartAnalysis
 
-from kopt.checks import FirstCall, as_record, check_lowering, writes_in_place
+from kopt.checks import FirstCall, as_record, check_lowering
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
 from kopt.cuda_graphs import CudaGraphRunner
+from kopt.fx.aliasing import writes_in_place
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
 from kopt.fx.roles import InputRole, classify_inputs
@@ -260,7 +261,7 @@ class CompiledGraph:
         needs_reference = contract.kind is not ContractKind.EXACT or options.checks_lowering
         reference = first.reference if needs_reference else None
         candidate = first.op_by_op(rewritten.graph_module, rewritten.user_args(first.inputs))
-        checks = compare(candidate, first.eager, contract, reference=reference)
+        checks = compare(candidate, first.eager, contract, reference=reference, undefined=first.undefined)
         self.report.verification = [as_record(c) for c in checks]
         self.report.reference_unavailable = first.unavailable
         failed = [c for c in checks if not c.ok]

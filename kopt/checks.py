@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kopt.reference import ReferenceUnavailable, run_reference
+from kopt.fx.aliasing import uninitialized_outputs
 from kopt.verify import LoweringRule, OutputCheck, compare
 
 log = logging.getLogger("kopt")
@@ -43,6 +44,7 @@ class FirstCall:
         self.unavailable: str | None = None  # why there is no reference
         self.reference_seconds = 0.0
         self.eager_seconds = 0.0
+        self.undefined = uninitialized_outputs(graph)  # outputs whose values no check can judge
 
     @property
     def eager(self) -> Any:
@@ -96,49 +98,6 @@ class LoweringCheck:
         return head + ": " + ("passed" if self.ok else f"FAILED, so {self.fallback or 'it raised'}")
 
 
-# Calls whose result may share memory with their first argument: a write into the result writes
-# there too. Everything else (arithmetic, matmuls, clone, cat, ...) returns a fresh tensor.
-_MAY_ALIAS = frozenset({
-    "view", "view_as", "reshape", "transpose", "permute", "t", "unsqueeze", "squeeze", "flatten", "unflatten",
-    "expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "getitem", "as_strided", "detach",
-    "contiguous", "to", "type", "type_as", "float", "half", "bfloat16", "double", "movedim", "swapaxes",
-    "diagonal", "real", "imag", "view_as_real", "view_as_complex", "alias",
-})
-
-
-def _name(node: torch.fx.Node) -> str:
-    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-
-
-def _writes(node: torch.fx.Node) -> bool:
-    name = _name(node)
-    return (name.endswith("_") and not name.startswith("_")) or name == "setitem" or bool(node.kwargs.get("inplace"))
-
-
-def _root(node: object) -> object:
-    """What ``node`` may alias: follows possibly-aliasing calls back to where the memory comes from."""
-    while isinstance(node, torch.fx.Node) and node.op in ("call_function", "call_method") and (
-            _name(node) in _MAY_ALIAS or _writes(node)) and node.args:
-        node = node.args[0]
-    return node
-
-
-def writes_in_place(graph: torch.fx.GraphModule) -> str | None:
-    """The first node of a dynamo graph that may write into one of its inputs (None: none does).
-
-    Checking the lowering runs the first call again; a graph writing into its inputs (a cache
-    buffer, an input mutated by the forward) would apply the write again. A write into a tensor the
-    graph made itself (``y = x.clone(); y[:, 0] = 0``) is harmless; one whose target may alias an
-    input, through views and calls that can return their argument, counts.
-    """
-    for node in graph.graph.nodes:
-        if node.op in ("call_function", "call_method") and _writes(node) and node.args:
-            root = _root(node.args[0])
-            if not isinstance(root, torch.fx.Node) or root.op in ("placeholder", "get_attr"):
-                return f"{node.name} ({_name(node)})"
-    return None
-
-
 def check_lowering(first: FirstCall, lowered: Callable[..., Any], args: list[Any],
                    op_by_op: Callable[[], Any], lowering: str, writes_in_place: str | None = None) -> LoweringCheck:
     """Run ``lowered(*args)`` once and judge it against the reference, with ``op_by_op()`` (the same
@@ -154,7 +113,8 @@ def check_lowering(first: FirstCall, lowered: Callable[..., Any], args: list[Any
     with torch.no_grad():
         baseline = op_by_op()
         candidate = lowered(*args)
-    checks = compare(candidate, baseline, LoweringRule(), reference=reference, eager=first.eager)
+    checks = compare(candidate, baseline, LoweringRule(), reference=reference, eager=first.eager,
+                     undefined=first.undefined)
     seconds = time.perf_counter() - start
     return LoweringCheck(lowering, [as_record(c) for c in checks], seconds, all(c.ok for c in checks))
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -223,13 +224,23 @@ def _check(index: int, candidate: Any, baseline: Any, reference: Any, eager: Any
                        base.rel_err, base.cosine, eager_d.rel_err, eager_d.cosine)
 
 
+def _undefined(index: int, candidate: Any, baseline: Any) -> OutputCheck:
+    """An output whose values no contract covers (uninitialized memory): only its shape and dtype count."""
+    if isinstance(candidate, torch.Tensor) and isinstance(baseline, torch.Tensor) and \
+            (candidate.shape, candidate.dtype) == (baseline.shape, baseline.dtype):
+        return OutputCheck(index, 0.0, 1.0, True, "values not compared: uninitialized memory (an empty tensor "
+                                                  "nothing writes); shape and dtype match")
+    return _mismatch(index, candidate, baseline) or OutputCheck(index, math.inf, 0.0, False, "not a tensor")
+
+
 def compare(candidate: Any, baseline: Any, rule: Contract | Rule, reference: Any = None,
-            eager: Any = None) -> list[OutputCheck]:
+            eager: Any = None, undefined: Collection[int] = ()) -> list[OutputCheck]:
     """One :class:`OutputCheck` per leaf of the (matching) output structures.
 
     ``baseline``: what the rule measures the candidate's accuracy against (eager for a pass's
     contract); ``reference``: the higher-precision outputs (None: judged against the baseline);
-    ``eager``: for the ``*_vs_eager`` numbers when the baseline is not eager.
+    ``eager``: for the ``*_vs_eager`` numbers when the baseline is not eager; ``undefined``: leaves
+    that hold uninitialized memory in the original too (:func:`kopt.fx.aliasing.uninitialized_outputs`).
     """
     rule = ContractRule(rule) if isinstance(rule, Contract) else rule
     cand_leaves, base_leaves = pytree.tree_leaves(candidate), pytree.tree_leaves(baseline)
@@ -240,5 +251,5 @@ def compare(candidate: Any, baseline: Any, rule: Contract | Rule, reference: Any
     eager_leaves = pytree.tree_leaves(eager) if eager is not None else [None] * len(base_leaves)
     if len(ref_leaves) != len(base_leaves) or len(eager_leaves) != len(base_leaves):
         raise ValueError("the reference and eager outputs must have the structure of the baseline's")
-    return [_check(i, c, b, r, e, rule)
+    return [_undefined(i, c, b) if i in undefined else _check(i, c, b, r, e, rule)
             for i, (c, b, r, e) in enumerate(zip(cand_leaves, base_leaves, ref_leaves, eager_leaves, strict=True))]

@@ -14,7 +14,7 @@ import torch.utils._pytree as pytree
 
 import kopt
 import kopt.backend
-from kopt.checks import writes_in_place
+from kopt.fx.aliasing import writes_in_place
 from kopt.config import Lowering
 from kopt.lower import lower as real_lower
 from kopt.verify import relative_error
