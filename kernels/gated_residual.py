@@ -1,10 +1,11 @@
 """Gated residual fused with the next LayerNorm + adaLN modulation, two outputs in one pass.
 
-Inputs: residual ``r`` and branch output ``y``, both (B, S, N) bf16/fp16/fp32 of one dtype;
+Inputs: residual ``r`` and branch output ``y``, both (B, S, N) bf16/fp16/fp32 of one dtype, or a
+float32 residual stream ``r`` with a bf16/fp16 ``y`` (the ``residual-fp32`` pass);
 ``gate``, ``scale`` and ``shift`` of shape (B, N) or (B, 1, N), broadcast over S. Computes::
 
     r_new = r + gate * y                                   # rounded to r.dtype
-    m     = layernorm(r_new) * (1 + scale) + shift         # LayerNorm without affine, eps
+    m     = layernorm(r_new) * (1 + scale) + shift         # LayerNorm without affine, eps; y.dtype
 
 This is the seam between sub-blocks in Qwen-Image (``hidden_states + img_gate1 * img_attn_output``
 then ``img_norm2`` + ``_modulate``) and FLUX.2 (``hidden_states + gate_msa * attn_output`` then
@@ -41,6 +42,11 @@ from kopt.kernels._rows import (
 
 __all__ = ["candidates", "gated_residual", "launch", "reference"]
 
+# y's dtype for each residual dtype: the same, or a lower-precision branch on a float32 stream
+_BRANCH_DTYPES = {torch.float16: (torch.float16,), torch.bfloat16: (torch.bfloat16,),
+                  torch.float32: (torch.float32, torch.bfloat16, torch.float16)}
+
+
 # ----------------------------------------------------------------------------------------------- spec
 def reference(
     r: torch.Tensor,
@@ -50,14 +56,14 @@ def reference(
     shift: torch.Tensor,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager spec: float32 gated add (rounded to r.dtype), float32 LayerNorm + modulation."""
+    """Eager spec: float32 gated add (rounded to r.dtype), float32 LayerNorm + modulation (to y.dtype)."""
     b, n = r.shape[0], r.shape[-1]
     gate_f = gate.float().reshape(b, 1, n)
     scale_f = scale.float().reshape(b, 1, n)
     shift_f = shift.float().reshape(b, 1, n)
     r_new = (r.float() + gate_f * y.float()).to(r.dtype)
     normed = torch.nn.functional.layer_norm(r_new.float(), (n,), eps=eps)
-    m = (normed * (1.0 + scale_f) + shift_f).to(r.dtype)
+    m = (normed * (1.0 + scale_f) + shift_f).to(y.dtype)
     return r_new, m
 
 
@@ -127,8 +133,9 @@ def launch(
         raise ValueError(f"gated_residual: r must be (B, S, N), got shape {tuple(r.shape)}")
     if r.dtype not in DTYPES:
         raise ValueError(f"gated_residual: r dtype must be one of {DTYPES}, got {r.dtype}")
-    if y.shape != r.shape or y.dtype != r.dtype:
-        raise ValueError(f"gated_residual: y must match r {tuple(r.shape)} {r.dtype}, got {tuple(y.shape)} {y.dtype}")
+    if y.shape != r.shape or y.dtype not in _BRANCH_DTYPES[r.dtype]:
+        raise ValueError(f"gated_residual: y must be shaped like r {tuple(r.shape)} and of its dtype {r.dtype} "
+                         f"(or bf16/fp16 with a float32 r), got {tuple(y.shape)} {y.dtype}")
     b, s, n = r.shape
     r = r.contiguous()
     y = y.contiguous()
@@ -139,7 +146,7 @@ def launch(
         if t.device != r.device:
             raise ValueError(f"gated_residual: {name} is on {t.device}, r on {r.device}")
     r_out = _check_out(out[0] if out is not None else None, "out[0]", r)
-    m_out = _check_out(out[1] if out is not None else None, "out[1]", r)
+    m_out = _check_out(out[1] if out is not None else None, "out[1]", y)
     if r.numel() == 0:
         return r_out, m_out
     n_rows = b * s
@@ -171,7 +178,7 @@ def launch(
 
     if config is None:
         rows = pow2_bucket(n_rows)
-        key = shape_key(n=n, rows=rows, dtype=r.dtype)
+        key = shape_key(n=n, rows=rows, dtype=r.dtype, **({} if y.dtype == r.dtype else {"y": y.dtype}))
         config = _autotune.choose("gated_residual", key, candidates(n, rows), on_scratch, r.device)
     run(config, r_out, m_out)
     return r_out, m_out
@@ -198,5 +205,5 @@ def gated_residual(
 def _(r, y, gate, scale, shift, eps=1e-6):
     return (
         torch.empty_like(r, memory_format=torch.contiguous_format),
-        torch.empty_like(r, memory_format=torch.contiguous_format),
+        torch.empty_like(y, memory_format=torch.contiguous_format),
     )

@@ -25,6 +25,7 @@ def default_pipeline() -> list[Pass]:
     from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
     from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
     from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
+    from kopt.passes.residual_fp32 import ResidualStreamFp32
 
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
@@ -35,6 +36,7 @@ def default_pipeline() -> list[Pass]:
         FuseQKNormRope(),  # complex RoPE (Qwen-Image), one op per stream
         FuseQKNormRopeReal(),  # real RoPE (FLUX.2), emits the joint op itself for concatenated streams
         FuseJointAttentionInput(),  # joins fuse-qk-norm-rope's per-stream ops into the attention buffer
+        ResidualStreamFp32(),  # after fuse-gated-residual, whose ops it widens to a float32 stream
         BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
     ]
 
@@ -86,7 +88,8 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
     producers: list[Pass] = [FuseActivationQuant()] if row else []
     dropped = {"fuse-activation-quant"}
     if from_auto:
-        dropped |= {"fuse-adaln-quant"} | (set() if row else set(_BF16_PRODUCERS))
+        # residual-fp32 widens bf16 gated-residual ops, which the FP8 fusions replace by quantizing ones
+        dropped |= {"fuse-adaln-quant", "residual-fp32"} | (set() if row else set(_BF16_PRODUCERS))
     passes = [p for p in passes if p.name not in dropped]
     names = [p.name for p in passes]
     if fp8.name in names:

@@ -46,6 +46,28 @@ def test_mixed_dtypes_and_3d_modulation():
     _check(mod.launch(*args, eps=1e-5), mod.reference(*args, eps=1e-5), torch.bfloat16)
 
 
+@pytest.mark.parametrize("branch", [torch.bfloat16, torch.float16])
+def test_float32_residual_stream_with_a_lower_precision_branch(branch):
+    """r (and r_new) stay float32, the modulated norm comes out in y's dtype; judged against float64."""
+    r, y, gate, scale, shift = _inputs(2, 7, 160, torch.float32, 31)
+    y = y.to(branch)
+    r_new, m = mod.launch(r, y, gate, scale, shift, eps=1e-6)
+    assert r_new.dtype == torch.float32 and m.dtype == branch
+    wide = [t.double() for t in (r, y, gate, scale, shift)]
+    want_r = wide[0] + wide[2][:, None] * wide[1]
+    want_m = torch.nn.functional.layer_norm(want_r, (160,), eps=1e-6) * (1 + wide[3][:, None]) + wide[4][:, None]
+    assert rel_err(r_new, want_r) < TOL[torch.float32]  # not rounded to the branch's precision
+    assert rel_err(m, want_m) < TOL[branch]
+    ref_r, ref_m = mod.reference(r, y, gate, scale, shift, eps=1e-6)
+    assert rel_err(r_new, ref_r) < TOL[torch.float32] and ref_m.dtype == branch and rel_err(m, ref_m) < TOL[branch]
+
+
+def test_a_lower_precision_residual_with_a_float32_branch_is_refused():
+    r, y, gate, scale, shift = _inputs(1, 2, 32, torch.bfloat16, 3)
+    with pytest.raises(ValueError, match="float32 r"):
+        mod.launch(r, y.float(), gate, scale, shift)
+
+
 def test_chunked_modulation_views_and_noncontiguous_residual():
     g = torch.Generator().manual_seed(5)
     n = 96
@@ -90,8 +112,10 @@ def test_launcher_rejects_bad_inputs():
     r, y, gate, scale, shift = _inputs(2, 3, 64, torch.float32, 41)
     with pytest.raises(ValueError, match="r must be"):
         mod.launch(r[0], y[0], gate, scale, shift)
-    with pytest.raises(ValueError, match="y must match"):
-        mod.launch(r, y.to(torch.bfloat16), gate, scale, shift)
+    with pytest.raises(ValueError, match="y must be shaped like r"):
+        mod.launch(r, y[:, :2], gate, scale, shift)
+    with pytest.raises(ValueError, match="y must be shaped like r"):
+        mod.launch(r.to(torch.bfloat16), y.to(torch.float16), gate, scale, shift)
     with pytest.raises(ValueError, match="gate must have shape"):
         mod.launch(r, y, gate[:1], scale, shift)
     with pytest.raises(ValueError, match="out\\[1\\] must be"):
