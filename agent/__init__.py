@@ -20,4 +20,11 @@ from kopt.agent.candidate import Candidate, CandidateKind, Convention, original_
 from kopt.agent.region import Region, TensorSpec, extract, from_function, from_graph, from_source, fusible_regions
 
 __all__ = ["Candidate", "CandidateKind", "Convention", "Region", "TensorSpec", "extract", "from_function", "from_graph",
-           "from_source", "fusible_regions", "original_candidate"]
+           "from_source", "fusible_regions", "optimize", "original_candidate"]
+
+
+def optimize(model, example_inputs, **options):  # noqa: ANN001, ANN003, ANN201 - documented at the target
+    """:func:`kopt.agent.loop.optimize` (imported on first use: the loop pulls in the profiler and verifier)."""
+    from kopt.agent.loop import optimize as run
+
+    return run(model, example_inputs, **options)
