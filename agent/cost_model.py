@@ -105,3 +105,17 @@ class CostModelClock:
         base = self.model.model_s(self.graphs, self.occurrences, chosen)
         rng = random.Random(self.seed * 1_000_003 + stream)
         return [base * (1.0 + rng.gauss(0.0, self.noise)) for _ in range(count)]
+
+
+def modelled_profile(graphs: Sequence[Any], occurrences: Sequence[Any], model: CostModel | None = None) -> Any:
+    """A :class:`kopt.agent.profile.Profile` in the cost model's terms (deterministic ranking for tests)."""
+    from kopt.agent.profile import Profile, RegionProfile, rank
+
+    model = model or CostModel()
+    grouped: dict[str, list[Any]] = {}
+    for occurrence in occurrences:
+        grouped.setdefault(occurrence.region.signature, []).append(occurrence)
+    regions = [RegionProfile(found[0].region, len(found), sum(model.occurrence_s(o) for o in found),
+                             region_floor(found[0].region, model.ceilings)) for found in grouped.values()]
+    total = sum(model.graph_s(g.graph_module) for g in graphs)
+    return Profile(tuple(rank(regions)), total, model.ceilings, "cost-model")

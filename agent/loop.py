@@ -144,9 +144,10 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         log.info("agent: profiling %d region occurrences in %d graph(s)", len(occurrences), len(graphs))
         profile = profile_graphs(graphs, occurrences)
         if clock == "cost-model":
-            from kopt.agent.cost_model import CostModelClock
+            from kopt.agent.cost_model import CostModelClock, modelled_profile
 
             clock = CostModelClock(graphs, occurrences, seed=seed)
+            profile = modelled_profile(graphs, occurrences, clock.model)  # rank as the clock judges
         clock = clock or WallClock(graphs)
         environment = kb.record_environment(current_environment())
         regions = {o.region.signature: o.region for o in occurrences}
