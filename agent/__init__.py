@@ -12,12 +12,32 @@ What exists today (the foundations the loop builds on; none needs a GPU):
   ``time_candidate(region, candidate) -> (Timing, checks)``.
 * :mod:`.kb` — the SQLite knowledge base (``kopt kb list|show|export|import|prune``).
 
-Still to come (issue 19): the profiler and floors, the search and LLM proposers, the end-to-end
-benchmark, the loop and ``kopt optimize``.
+The loop (issue 19), each stage its own module:
+
+* :mod:`.graphs` — the model's captured graphs after ``passes="auto"`` minus staging, with real inputs.
+* :mod:`.profile` and :mod:`.floor` — time per region (torch.profiler, ``record_function`` per region;
+  device time on a GPU, CPU time on the CPU), its roofline floor, ranking by (time − floor) × count.
+* :mod:`.propose.search` — offline: generated kernels per region with launch variants (codegen).
+  :mod:`.propose.llm` — Claude via the anthropic SDK (tool use), every exchange recorded, replayable.
+* :mod:`.apply` — a verified candidate replaces every occurrence of its region (a custom op).
+* :mod:`.bench` — whole-model interleaved A/B, bootstrap CI, quality against the reference;
+  :mod:`.cost_model` — the deterministic clock CPU tests ask for by name.
+* :mod:`.loop` — ``optimize(model, example_inputs, budget_min=, proposer=, kb_path=, seed=)``,
+  resumable from the KB; :mod:`.report` — the table and the PNG plot; :mod:`.cli` — ``kopt optimize``.
+* :mod:`.auto` — ``kopt.compile(passes="auto")`` applies the KB's wins here, re-verified on first use.
+
+Not yet: pass-choice and autotune-config candidates, micro-benchmark pruning, a worker pool / Ray.
 """
 
 from kopt.agent.candidate import Candidate, CandidateKind, Convention, original_candidate
 from kopt.agent.region import Region, TensorSpec, extract, from_function, from_graph, from_source, fusible_regions
 
 __all__ = ["Candidate", "CandidateKind", "Convention", "Region", "TensorSpec", "extract", "from_function", "from_graph",
-           "from_source", "fusible_regions", "original_candidate"]
+           "from_source", "fusible_regions", "optimize", "original_candidate"]
+
+
+def optimize(model, example_inputs, **options):  # noqa: ANN001, ANN003, ANN201 - documented at the target
+    """:func:`kopt.agent.loop.optimize` (imported on first use: the loop pulls in the profiler and verifier)."""
+    from kopt.agent.loop import optimize as run
+
+    return run(model, example_inputs, **options)

@@ -45,13 +45,17 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  trace: str | Path | None = None, fuel: int | None = None,
                  memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
                  cuda_graphs: bool | None = None, mode: str | None = None, progress: bool | None = None,
-                 check_lowering: bool | None = None) -> KoptBackend:
+                 check_lowering: bool | None = None, kb: str | Path | bool | None = None) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
+    from kopt.agent.auto import uses_auto, with_knowledge_base
+
+    auto = uses_auto(passes)
     if fp8:
         if fp8 is not True and not isinstance(fp8, Fp8Config):
             raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
         from_auto = passes == "auto" or (isinstance(passes, (list, tuple)) and "auto" in passes)
         passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, from_auto=from_auto)
+    passes = with_knowledge_base(passes, kb, auto=auto)  # "auto" + what the agent proved here (kopt.agent.auto)
     mode = mode or "default"
     mode_options(mode)  # an unknown mode fails here, not at the first call
     options = CompileOptions.from_environment(
@@ -192,7 +196,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             fullgraph: bool = False, dynamic: bool | None = None,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
             release_weights: bool = False, mode: str | None = None, progress: bool | None = None,
-            check_lowering: bool | None = None) -> KoptModule | KoptFunction:
+            check_lowering: bool | None = None, kb: str | Path | bool | None = None) -> KoptModule | KoptFunction:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -244,6 +248,10 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             extra forward of that cost, once per compilation) and run the graph as FX if Inductor
             moved them further from it than the rule of :mod:`kopt.verify` allows (``strict``:
             raise :class:`kopt.LoweringCheckFailed`). None (default): on for ``lower="inductor"``.
+        kb: the agent's knowledge base (``kopt optimize``): with ``passes`` including ``"auto"``, the
+            candidates it accepted for this model's regions in this environment are applied, each
+            verified again on first use (:mod:`kopt.agent.auto`). None (default): ``$KOPT_KB`` or
+            ``~/.cache/kopt/kb.sqlite`` if the file exists; a path; False: never.
 
     Returns:
         A :class:`KoptModule` (a :class:`KoptFunction` for a function); compilation happens at
@@ -254,7 +262,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, weight_check=weight_check, trace=trace, fuel=fuel,
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
-                           progress=progress, check_lowering=check_lowering)
+                           progress=progress, check_lowering=check_lowering, kb=kb)
     if not isinstance(model, torch.nn.Module):
         if release_weights:
             raise ValueError("release_weights=True frees a module's weights; a function has none")

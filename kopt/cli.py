@@ -1,4 +1,4 @@
-"""The ``kopt`` command line: ``demo``, ``passes``, ``explain``."""
+"""The ``kopt`` command line: ``demo``, ``passes``, ``explain``, ``kb``, ``optimize``."""
 
 from __future__ import annotations
 
@@ -139,9 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also quantize the linears to FP8 with this scale granularity")
     explain.add_argument("--fp8-attention", action="store_true", help="with --fp8: attention in FP8 too")
     explain.set_defaults(run=_cmd_explain)
+    from kopt.agent.cli import add_optimize_parser
     from kopt.agent.kb.cli import add_kb_parser
 
     add_kb_parser(commands)
+    add_optimize_parser(commands)
     return parser
 
 

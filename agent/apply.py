@@ -1,0 +1,130 @@
+"""Put candidates into a graph: each occurrence of a region is replaced by one call of its candidate.
+
+A candidate becomes a torch custom op ``kopt_agent::c_<hash>`` (``Tensor[] -> Tensor[]``) with a
+fake implementation from the region's output specs, so the rewritten graph can be traced, run as
+FX or lowered by Inductor. Its source runs in this process: only candidates that passed the
+sandboxed verifier (:mod:`kopt.agent.verify`) may be applied, which is the callers' rule
+(:mod:`kopt.agent.loop`, :mod:`kopt.agent.auto`).
+
+Why a replacement is valid: the candidate was verified against the region with this signature, and a
+signature fixes the computation, the shapes, the dtypes and the strides; the occurrence's canonical
+inputs and outputs (``Region.input_nodes`` / ``output_nodes``) are exactly the candidate's.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from kopt.agent.candidate import Candidate, Convention
+from kopt.fx.graph_utils import stamp
+from kopt.passes.base import Contract, Pass, PassContext
+
+_LIBRARY = torch.library.Library("kopt_agent", "FRAGMENT")
+_OPS: dict[str, torch._ops.OpOverload] = {}
+_LOCK = threading.Lock()
+RULE = "kb-candidate"
+
+
+def load_entry_point(candidate: Candidate) -> Callable[..., Any]:
+    """Execute a verified candidate's source and return its entry point."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter on the CPU
+    namespace: dict[str, Any] = {"__name__": f"kopt_candidate_{candidate.content_hash[:12]}"}
+    exec(compile(candidate.source, f"<candidate {candidate.content_hash[:12]}>", "exec"), namespace)  # noqa: S102
+    return namespace[candidate.entry_point]
+
+
+def candidate_op(candidate: Candidate, outputs: Sequence[Any]) -> torch._ops.OpOverload:
+    """The custom op running ``candidate`` (registered once per content hash)."""
+    name = f"c_{candidate.content_hash[:24]}"
+    with _LOCK:
+        if name in _OPS:
+            return _OPS[name]
+        fn = load_entry_point(candidate)
+        specs = list(outputs)
+
+        def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            if candidate.convention is Convention.OUT:
+                buffers = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=inputs[0].device)
+                           for s in specs]
+                fn(*inputs, out=tuple(buffers))
+                return buffers
+            result = fn(*inputs)
+            return list(result) if isinstance(result, (tuple, list)) else [result]
+
+        def fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=inputs[0].device) for s in specs]
+
+        _LIBRARY.define(f"{name}(Tensor[] inputs) -> Tensor[]")
+        _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"kopt_agent::{name}", fake, lib=_LIBRARY)
+        _OPS[name] = getattr(torch.ops.kopt_agent, name).default
+        return _OPS[name]
+
+
+def replace_occurrence(graph: torch.fx.Graph, occurrence: Any, candidate: Candidate,
+                       replaced: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+    """Replace one occurrence's nodes by a call of ``candidate``; returns the call node."""
+    region = occurrence.region
+    op = candidate_op(candidate, region.outputs)
+    members = set(occurrence.members)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    readers = [u for out in region.output_nodes for u in out.users if u not in members]
+    with graph.inserting_before(min(readers, key=order.__getitem__)):
+        inputs = [replaced.get(n, n) for n in region.input_nodes]
+        call = graph.call_function(op, (inputs,))
+        call.meta["val"] = [out.meta["val"] for out in region.output_nodes]
+        stamp(call, pass_name="kb-apply", rule=RULE)
+        call.meta["kopt_agent_region"] = region.signature  # the profiler attributes its time to the region
+        results = []
+        for k, out in enumerate(region.output_nodes):
+            item = graph.call_function(operator.getitem, (call, k))
+            item.meta["val"] = out.meta["val"]
+            results.append(item)
+    for out, result in zip(region.output_nodes, results, strict=True):
+        out.replace_all_uses_with(result, delete_user_cb=lambda user, inside=members: user not in inside)
+        replaced[out] = result
+    for node in sorted(members, key=order.__getitem__, reverse=True):
+        if not node.users:
+            graph.erase_node(node)
+    return call
+
+
+def apply_candidates(graph_module: torch.fx.GraphModule, chosen: Mapping[str, Candidate],
+                     ctx: PassContext | None = None) -> int:
+    """Replace every occurrence of a region in ``chosen`` (signature -> candidate); returns how many."""
+    from kopt.agent.profile import find_occurrences
+
+    count, replaced = 0, {}
+    for occurrence in find_occurrences(graph_module):
+        candidate = chosen.get(occurrence.region.signature)
+        if candidate is None or (ctx is not None and not ctx.fire(RULE, occurrence.region.output_nodes[-1])):
+            continue
+        replace_occurrence(graph_module.graph, occurrence, candidate, replaced)
+        count += 1
+    graph_module.graph.lint()
+    graph_module.recompile()
+    return count
+
+
+class ApplyCandidates(Pass):
+    """A pass applying verified candidates by region signature (the loop's and ``passes="auto"``'s)."""
+
+    name = "kb-apply"
+    why = "a verified candidate computes what its region computes, within its contract (kopt.agent.verify)"
+    contract = Contract.tolerance(1e-2)
+
+    def __init__(self, chosen: Mapping[str, Candidate], notes: Sequence[str] = ()) -> None:
+        self.chosen, self.extra_notes = dict(chosen), list(notes)
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        ctx.notes.extend(self.extra_notes)
+        if self.chosen:
+            count = apply_candidates(graph_module, self.chosen, ctx)
+            ctx.notes.append(f"{count} region occurrence(s) replaced by knowledge-base candidates")

@@ -1,0 +1,188 @@
+"""End-to-end measurement on the whole model: interleaved A/B timing, a bootstrap CI, and output quality.
+
+A candidate is kept only if the whole model gets faster, not just its region (a fused kernel can
+win in isolation and lose in the model: layouts, launch order, caches). The rule (:func:`decide`):
+
+* **speed**: ``samples`` interleaved pairs (A = the model with what is already accepted, B = the
+  same plus the candidate; the order alternates ABBA so drift cancels); the speedup is A/B per pair;
+  its median's 95% CI comes from ``resamples`` bootstrap resamples of the pairs. Accept only if the
+  CI's low end is above 1 (the gain's CI excludes 0) and the median gain is at least ``min_gain``.
+* **quality**: B's outputs, on fresh inputs, against the higher-precision reference of the same
+  graphs (:func:`kopt.reference.run_reference`: float64 on the CPU), within the candidate's contract
+  by :func:`kopt.verify.compare` (the eager graph's own error is the budget's base).
+
+The model here is its captured graphs after the passes (:mod:`kopt.agent.graphs`), run in order;
+a candidate set is applied to copies of them (:mod:`kopt.agent.apply`), which takes milliseconds,
+so no whole-model recompile per candidate. Clocks: :class:`WallClock` (real time of those graphs,
+run as FX op by op, synchronized on a GPU) or, only when asked,
+:class:`kopt.agent.cost_model.CostModelClock` (deterministic, for CPU tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from kopt.agent.apply import apply_candidates
+from kopt.agent.candidate import Candidate
+from kopt.agent.kb.records import Measurement
+from kopt.passes.base import Contract
+
+
+class Clock(Protocol):
+    name: str
+
+    def samples(self, chosen: Mapping[str, Candidate], count: int, stream: int) -> list[float]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    samples: int = 20  # pairs (each side gets this many)
+    resamples: int = 2000
+    min_gain: float = 0.01
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class E2EResult:
+    accepted: bool
+    reason: str
+    speedup: Measurement
+    quality: tuple[dict, ...]
+    clock: str
+
+    def to_dict(self) -> dict:
+        return {"accepted": self.accepted, "reason": self.reason, "speedup": self.speedup.to_dict(),
+                "quality": list(self.quality), "clock": self.clock}
+
+
+def applied(graphs: Sequence[Any], chosen: Mapping[str, Candidate]) -> list[torch.fx.GraphModule]:
+    """Copies of the graphs with ``chosen`` applied."""
+    copies = []
+    for graph in graphs:
+        module = copy.deepcopy(graph.graph_module)
+        if chosen:
+            apply_candidates(module, chosen)
+        copies.append(module)
+    return copies
+
+
+def _run_all(modules: Sequence[torch.fx.GraphModule], graphs: Sequence[Any]) -> list[Any]:
+    with torch.no_grad():
+        return [module(*graph.args) for module, graph in zip(modules, graphs, strict=True)]
+
+
+@dataclasses.dataclass
+class WallClock:
+    """Real time per model call: the graphs with a candidate set applied, run in order."""
+
+    graphs: Sequence[Any]
+    name: str = "wall"
+
+    def __post_init__(self) -> None:
+        self._built: dict[tuple[str, ...], list[torch.fx.GraphModule]] = {}
+
+    def _modules(self, chosen: Mapping[str, Candidate]) -> list[torch.fx.GraphModule]:
+        key = tuple(sorted(c.content_hash for c in chosen.values()))
+        if key not in self._built:
+            self._built[key] = applied(self.graphs, chosen)
+            _run_all(self._built[key], self.graphs)  # warm-up: kernels compile at their first launch
+        return self._built[key]
+
+    def time_once(self, chosen: Mapping[str, Candidate]) -> float:
+        modules = self._modules(chosen)
+        device = next((a.device for g in self.graphs for a in g.args if isinstance(a, torch.Tensor)), None)
+        sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        _run_all(modules, self.graphs)
+        sync()
+        return time.perf_counter() - start
+
+    def samples(self, chosen: Mapping[str, Candidate], count: int, stream: int) -> list[float]:
+        return [self.time_once(chosen) for _ in range(count)]
+
+
+def interleaved(clock: Clock, baseline: Mapping[str, Candidate], candidate: Mapping[str, Candidate],
+                count: int) -> tuple[list[float], list[float]]:
+    """``count`` A and B samples, one at a time in ABBA order (drift hits both sides alike)."""
+    a, b = [], []
+    for i in range(count):
+        order = ((a, baseline, 0), (b, candidate, 1)) if i % 2 == 0 else ((b, candidate, 1), (a, baseline, 0))
+        for side, chosen, stream in order:
+            side.extend(clock.samples(chosen, 1, stream * 100_003 + i))
+    return a, b
+
+
+def bootstrap_median(values: Sequence[float], resamples: int, seed: int) -> tuple[float, float, float]:
+    """Median and its bootstrap 95% CI (percentile method)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def fresh_args(args: Sequence[Any], seed: int) -> list[Any]:
+    """New values for the floating per-call inputs (same shape, mean and spread); others unchanged."""
+    generator = torch.Generator().manual_seed(seed)
+    fresh = []
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1:
+            noise = torch.randn(value.shape, generator=generator, dtype=torch.float32).to(value.device)
+            spread = value.float().std() if value.numel() > 1 else value.float().abs()
+            fresh.append((value.float().mean() + noise * spread).to(value.dtype))
+        else:
+            fresh.append(value)
+    return fresh
+
+
+def quality(graphs: Sequence[Any], chosen: Mapping[str, Candidate], contract: Contract, seed: int) -> list[dict]:
+    """Outputs of the graphs with ``chosen`` applied vs the higher-precision reference, on fresh inputs."""
+    from kopt.reference import run_reference
+    from kopt.verify import compare
+
+    checks = []
+    modules = applied(graphs, chosen)
+    for module, graph in zip(modules, graphs, strict=True):
+        args = fresh_args(graph.args, seed)
+        with torch.no_grad():
+            eager = graph.graph_module(*args)
+            got = module(*args)
+            reference = run_reference(graph.graph_module, *args)
+        for check in compare(got, eager, contract, reference=reference):
+            checks.append({"graph": graph.index, "output": check.output, "ok": check.ok, "rel_err": check.rel_err,
+                           "cosine": check.cosine, "verdict": check.verdict})
+    return checks
+
+
+def measure(graphs: Sequence[Any], baseline: Mapping[str, Candidate], candidate: Candidate, clock: Clock,
+            config: BenchConfig | None = None) -> E2EResult:
+    """Is the model with ``baseline`` plus ``candidate`` faster than with ``baseline`` alone, and still
+    correct? (module docstring)."""
+    config = config or BenchConfig()
+    trial = {**baseline, candidate.region_signature: candidate}
+    checks = quality(graphs, trial, candidate.contract, config.seed)
+    a, b = interleaved(clock, baseline, trial, config.samples)
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    median, low, high = bootstrap_median(ratios, config.resamples, config.seed)
+    speedup = Measurement("speedup", median, low, high, len(ratios), baseline=statistics.median(a))
+    accepted, reason = decide(speedup, checks, config.min_gain)
+    return E2EResult(accepted, reason, speedup, tuple(checks), clock.name)
+
+
+def decide(speedup: Measurement, checks: Sequence[dict], min_gain: float) -> tuple[bool, str]:
+    bad = [c for c in checks if not c["ok"]]
+    numbers = f"speedup {speedup.median:.4f}x, 95% CI [{speedup.ci_low:.4f}, {speedup.ci_high:.4f}]"
+    if bad:
+        return False, f"model output outside the contract: {bad[0]['verdict']} (graph {bad[0]['graph']})"
+    if speedup.ci_low <= 1.0:
+        return False, f"no end-to-end win: the CI includes no gain ({numbers})"
+    if speedup.median - 1.0 < min_gain:
+        return False, f"end-to-end gain below {min_gain:.0%} ({numbers})"
+    return True, f"end-to-end win: {numbers}; output within the contract"

@@ -1,0 +1,69 @@
+"""``kopt optimize WORKLOAD``: run the agent's loop on a built-in workload or ``module:factory``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _interpreted_triton() -> None:
+    """Without a GPU, Triton kernels run in its interpreter, which must be chosen before triton is
+    imported (``kopt`` imports it): run this command again in a fresh process with it set."""
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    os.execve(sys.executable, [sys.executable, "-m", "kopt.cli", *sys.argv[1:]], env)
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    _interpreted_triton()
+    import torch
+
+    from kopt.agent.loop import optimize
+    from kopt.cli import _workload
+    from kopt.workloads import get_workload
+
+    workload = get_workload(_workload(args.workload))
+    if args.size == "full" and not torch.cuda.is_available():
+        raise SystemExit("kopt: --size full needs a CUDA device")
+    device, dtype = ("cuda", torch.bfloat16) if args.size == "full" else ("cpu", torch.float32)
+    model = workload.model(args.size, device=device, dtype=dtype)
+    inputs = workload.inputs(args.size, device=device, dtype=dtype, seed=args.seed)
+    result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=args.kb,
+                      seed=args.seed, clock="cost-model" if args.cost_model else None, model_name=workload.name,
+                      max_candidates=args.max_candidates, progress=args.progress)
+    print(result.table())
+    plot = result.plot(Path(args.plot))
+    print(f"plot: {plot}\nknowledge base: {result.kb_path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "workload": workload.name, "kb": str(result.kb_path), "clock": result.clock.name,
+            "evaluations": [{"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
+                             "kind": e.candidate.kind.value, "params": dict(e.candidate.params),
+                             "status": e.status.value, "reason": e.reason,
+                             "e2e": e.e2e.to_dict() if e.e2e else None} for e in result.evaluations],
+            "skipped": result.skipped, "elapsed_s": result.elapsed_s}, indent=1))
+    return 0
+
+
+def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
+    command = commands.add_parser("optimize", help="find, verify and keep rewrites for a workload (the agent)")
+    command.add_argument("workload", help="a built-in workload name or module:factory (as for explain)")
+    command.add_argument("--budget-min", type=float, default=20.0, help="wall-clock budget in minutes")
+    command.add_argument("--proposer", choices=["search", "llm", "all"], default="search",
+                         help="search (offline, default), llm (anthropic SDK; KOPT_LLM_REPLAY replays), or all")
+    command.add_argument("--kb", default=None, help="knowledge base file (default ~/.cache/kopt/kb.sqlite)")
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    command.add_argument("--cost-model", action="store_true",
+                         help="judge speed with the deterministic cost model instead of the clock (CPU tests)")
+    command.add_argument("--max-candidates", type=int, default=None)
+    command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
+    command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
+    command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    command.set_defaults(run=_cmd_optimize)

@@ -1,0 +1,73 @@
+"""The graphs the agent works on: a model's captured FX graphs after the hand passes, with real inputs.
+
+The loop profiles and searches the graph that kopt would lower, at the point where the knowledge
+base's rewrites are applied (:mod:`kopt.agent.apply`): after every pass of ``passes="auto"`` but
+``staging`` (staging folds and hoists node by name; applying a candidate before it keeps both
+valid). :func:`capture_graphs` runs the model once through a dynamo backend of its own that captures
+each graph exactly like kopt's backend (:func:`kopt.fx.capture.capture`), runs those passes, keeps
+the graph with the real arguments of that call, and runs the original graph (nothing is lowered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from kopt.fx.capture import capture
+from kopt.fx.roles import classify_inputs
+from kopt.passes.base import Pass
+
+
+@dataclasses.dataclass
+class ProbedGraph:
+    """One captured graph after the passes, and the real arguments its placeholders had."""
+
+    graph_module: torch.fx.GraphModule
+    args: list[Any]
+    index: int
+
+
+def passes_before_staging(extra: Sequence[Pass] = ()) -> list[Pass]:
+    """``passes="auto"`` without ``staging``, then ``extra`` (the point where KB rewrites apply)."""
+    from kopt.passes.pipeline import default_pipeline
+
+    return [p for p in default_pipeline() if p.name != "staging"] + list(extra)
+
+
+def call(model: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any]) -> Any:
+    """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a sequence."""
+    return model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+
+
+def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
+                   passes: Sequence[Pass] | None = None) -> list[ProbedGraph]:
+    """Every graph dynamo finds in one call of ``model``, captured and rewritten by ``passes``
+    (default :func:`passes_before_staging`), with the call's real user arguments."""
+    from kopt.dynamo_cache import compile_isolated
+    from kopt.passes.manager import run_passes
+
+    found: list[ProbedGraph] = []
+    passes = list(passes_before_staging() if passes is None else passes)
+    names = _argument_names(model)
+
+    def backend(dynamo_graph: torch.fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
+        placeholders = [n for n in dynamo_graph.graph.nodes if n.op == "placeholder"]
+        roles = classify_inputs(placeholders, example, {}, names)
+        captured = capture(dynamo_graph, example, roles, in_dynamo=True)
+        run_passes(captured.graph_module, passes, graph_index=len(found))
+        found.append(ProbedGraph(captured.graph_module, list(captured.user_args(example)), len(found)))
+        return dynamo_graph.forward
+
+    compiled = compile_isolated(model, backend, fullgraph=False, dynamic=False)
+    with torch.no_grad():
+        call(compiled, example_inputs)
+    return found
+
+
+def _argument_names(model: Callable[..., Any]) -> tuple[str, ...]:
+    from kopt.api import _argument_names as names
+
+    return names(model.forward if isinstance(model, torch.nn.Module) else model)

@@ -1,0 +1,66 @@
+"""Run the agent's loop on a full-size workload on one GPU within a time budget; write JSON + markdown.
+
+    python -m benchmarks.agent_run --workload flux2 --budget-min 20 --kb $OUT/kb.sqlite
+
+Writes ``$OUT/benchmarks/results/agent_<workload>.json`` and ``.md`` (the candidate table, the
+environment, the clock) and ``agent_<workload>.png`` (time per region before/after vs floor). The
+knowledge base file is meant to be copied back after the run and passed again next time (resume).
+Speed is judged by the wall clock on the GPU (never the cost model here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="flux2")
+    parser.add_argument("--budget-min", type=float, default=20.0)
+    parser.add_argument("--proposer", default="search", choices=["search", "llm", "all"])
+    parser.add_argument("--kb", default=None, help="knowledge base file (default $OUT/kb.sqlite)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.agent_run needs a CUDA device")
+    from kopt.agent.kb import current_environment
+    from kopt.agent.loop import optimize
+    from kopt.workloads import get_workload
+
+    out = Path(os.environ.get("OUT", ".")) / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    kb = Path(args.kb) if args.kb else out.parent.parent / "kb.sqlite"
+    workload = get_workload(args.workload)
+    model = workload.model("full", device="cuda", dtype=torch.bfloat16)
+    inputs = workload.inputs("full", device="cuda", dtype=torch.bfloat16, seed=args.seed)
+    started = time.time()
+    result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=kb,
+                      seed=args.seed, model_name=workload.name, progress=True)
+    stem = f"agent_{workload.name.replace(':', '_')}"
+    result.plot(out / f"{stem}.png")
+    environment = current_environment()
+    data = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer,
+            "environment": environment.to_dict(), "clock": result.clock.name, "kb": str(kb),
+            "wall_s": time.time() - started, "skipped": result.skipped, "resumed": sorted(result.resumed),
+            "profile": [{"region": r.region.signature, "occurrences": r.occurrences, "seconds": r.seconds,
+                         "floor_s": r.floor.seconds, "bound": r.floor.bound} for r in result.profile.regions],
+            "evaluations": [{"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
+                             "kind": e.candidate.kind.value, "params": dict(e.candidate.params),
+                             "status": e.status.value, "reason": e.reason,
+                             "e2e": e.e2e.to_dict() if e.e2e else None} for e in result.evaluations]}
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / f"{stem}.md").write_text(
+        f"# kopt optimize {workload.name} (full size, bf16, {environment.describe()})\n\n"
+        f"Budget {args.budget_min:g} min, proposer {args.proposer}, clock {result.clock.name}, "
+        f"{time.time() - started:.0f} s.\n\n```\n{result.table()}\n```\n\n![regions]({stem}.png)\n")
+    print(result.table())
+
+
+if __name__ == "__main__":
+    main()
