@@ -198,7 +198,8 @@ def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
 
         compiled = kopt.compile(model, **options)
         described = ", ".join(f"{k}={v!r}" for k, v in options.items())
-        return Prepared(compiled, notes=[f"kopt.compile({described})"], kopt_report=compiled.kopt_report)
+        undo = compiled.undo if options.get("regional") else (lambda: None)  # regional: blocks compiled in place
+        return Prepared(compiled, notes=[f"kopt.compile({described})"], kopt_report=compiled.kopt_report, undo=undo)
 
     return prepare
 
@@ -229,6 +230,8 @@ def all_variants() -> list[Variant]:
         Variant("torch.compile+graphs", "regional torch.compile, whole forward replayed from a CUDA graph",
                 lambda m, s: _replayed(_regional_compile(m, s), s), cfg_pair=True, estimate_full_s=150,
                 aliases=("compile+graphs",)),
+        Variant("kopt-regional", "kopt.compile(regional=True): each repeated block compiled once per class",
+                _kopt(dict(passes="auto", regional=True)), cfg_pair=True, estimate_full_s=120),
         Variant("kopt-regional+graphs", "kopt as regional compile's backend, whole forward replayed from a CUDA graph",
                 lambda m, s: _replayed(_kopt_regional(m, s), s), cfg_pair=True, estimate_full_s=150),
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,

@@ -21,6 +21,7 @@ from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec, resolve, with_fp8
 from kopt.progress import show_progress
+from kopt.regional import KoptRegional, compile_regional
 from kopt.release import WeightsReleasedError
 from kopt.report import Report
 
@@ -196,7 +197,8 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             fullgraph: bool = False, dynamic: bool | None = None,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
             release_weights: bool = False, mode: str | None = None, progress: bool | None = None,
-            check_lowering: bool | None = None, kb: str | Path | bool | None = None) -> KoptModule | KoptFunction:
+            check_lowering: bool | None = None, kb: str | Path | bool | None = None,
+            regional: bool = False) -> KoptModule | KoptFunction | KoptRegional:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -252,6 +254,12 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             candidates it accepted for this model's regions in this environment are applied, each
             verified again on first use (:mod:`kopt.agent.auto`). None (default): ``$KOPT_KB`` or
             ``~/.cache/kopt/kb.sqlite`` if the file exists; a path; False: never.
+        regional: compile one instance of each repeated block (diffusers' ``_repeated_blocks``, else
+            the items of the outermost ``nn.ModuleList``) and reuse its code, with each block's own
+            weights, for the others (:mod:`kopt.regional`): compile time of a few blocks instead of
+            the model, but no rewrite that spans blocks (block seams, the float32 residual stream,
+            the step-invariant stage) and the code between blocks runs eagerly. Returns a
+            :class:`kopt.regional.KoptRegional`.
 
     Returns:
         A :class:`KoptModule` (a :class:`KoptFunction` for a function); compilation happens at
@@ -263,6 +271,10 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
                            on_weight_change=on_weight_change, weight_check=weight_check, trace=trace, fuel=fuel,
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
                            progress=progress, check_lowering=check_lowering, kb=kb)
+    if regional:
+        if release_weights:
+            raise ValueError("release_weights=True is not supported with regional=True")
+        return compile_regional(model, backend, fullgraph=fullgraph, dynamic=dynamic)  # type: ignore[arg-type]
     if not isinstance(model, torch.nn.Module):
         if release_weights:
             raise ValueError("release_weights=True frees a module's weights; a function has none")
