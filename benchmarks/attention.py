@@ -49,7 +49,7 @@ def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.
 def measure_shape(model: str, b: int, h: int, s: int, text: int, masked: int,
                   device: torch.device) -> list[dict[str, Any]]:
     """torch's bf16 SDPA, then the FP8 kernel under each launch config, on one shape; with a mask,
-    each config also with the mask's window (the text keys, as :mod:`kopt.passes.key_mask_window`
+    each config also with the mask's window (the text keys, as :mod:`kopt.fx.match.key_mask_window`
     proves it for Qwen-Image)."""
     head_dim = 128 if device.type == "cuda" else 32
     g = torch.Generator(device=device).manual_seed(s)

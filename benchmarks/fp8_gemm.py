@@ -11,7 +11,7 @@ CUDA-graph replay (GPU time only, median), its TFLOP/s, and the relative error o
 the float64 product of the bf16 operands (fresh random inputs with uneven row magnitudes). The
 ``quantize ms`` column is the activation's quantization compiled by Inductor, the per-call cost the
 granularity adds before its GEMM. For the block granularities the row also says which scale memory
-order the GPU's block-scaled GEMM took (:func:`kopt.fp8.block_mm.cuda_scale_layout`).
+order the GPU's block-scaled GEMM took (:func:`kopt.passes.fp8.block_mm.cuda_scale_layout`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from benchmarks import micro  # noqa: E402
-from kopt.fp8 import block_mm  # noqa: E402
+from kopt.passes.fp8 import block_mm  # noqa: E402
 from kopt.fp8.config import Granularity  # noqa: E402
 from kopt.fp8.quantize import Operand, block_shape, quantize  # noqa: E402
 

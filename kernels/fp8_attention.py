@@ -337,7 +337,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
     as :func:`empty_output` says. ``bias_window`` = (start, end): the caller guarantees that
-    ``bias`` is zero outside keys [start, end) (see :mod:`kopt.passes.key_mask_window`), so whole
+    ``bias`` is zero outside keys [start, end) (see :mod:`kopt.fx.match.key_mask_window`), so whole
     key tiles outside it skip the bias add; default: the bias may be nonzero anywhere. ``fp8_out``:
     return (the output in FP8, its (B, S_q) float32 row scales) instead, as
     :mod:`kopt.kernels.fp8_attention_quant` defines them. ``v_tail``: the values are

@@ -41,7 +41,7 @@ from kopt.lower import lower
 from kopt.passes.base import Contract, ContractKind, Fuel, Pass
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import PassSpec, resolve
-from kopt.passes.staging import HOIST_KEY
+from kopt.passes.graph.staging import HOIST_KEY
 from kopt.progress import first_call_shows_progress, show_progress
 from kopt.release import WeightsReleasedError, check_not_released, read_storages, release_unread_weights
 from kopt.report import GraphReport, Report

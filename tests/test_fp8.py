@@ -22,7 +22,7 @@ from kopt.fp8 import (
     scan_sensitivity,
 )
 from kopt.fp8.quantize import Operand
-from kopt.passes.fp8_linear import Fp8Linear
+from kopt.passes.fp8.linear import Fp8Linear
 from kopt.workloads import get_workload
 from tests.conftest import rel_err
 
@@ -184,7 +184,7 @@ def test_fast_accumulation_is_requested_unless_turned_off(fast):
 
 
 def test_a_device_refusing_fast_accumulation_gets_float32_accumulation_and_a_note(monkeypatch):
-    from kopt.passes import fp8_linear
+    from kopt.passes.fp8 import linear as fp8_linear
 
     monkeypatch.setattr(fp8_linear, "_fast_accum_refused", lambda device: "RuntimeError: not supported")
     kwargs, notes = _gemm_kwargs(Fp8Config(min_features=16))
@@ -246,7 +246,7 @@ def test_block_granularity_uses_the_block_scaled_gemm_and_declines_unaligned_lay
 
 
 def test_block_gemm_op_computes_the_dequantized_product_with_its_bias():
-    from kopt.fp8.block_mm import reference
+    from kopt.passes.fp8.block_mm import reference
 
     x, w, bias = torch.randn(70, 256), torch.randn(384, 256) / 16, torch.randn(384)
     for granularity, rows in ((Granularity.BLOCK_1X128, 1), (Granularity.BLOCK_128X128, 128)):
@@ -268,7 +268,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("granularity, rows", [(Granularity.BLOCK_1X128, 1), (Granularity.BLOCK_128X128, 128)])
 def test_gpu_block_gemm_is_correct_or_refused_per_shape(granularity, rows):
     """cuBLAS' block-scaled GEMM against the definition; shapes it refuses are reported, never wrong."""
-    from kopt.fp8.block_mm import cuda_scale_layout, cuda_shape_check, pack_weight_scale, reference
+    from kopt.passes.fp8.block_mm import cuda_scale_layout, cuda_shape_check, pack_weight_scale, reference
 
     assert not isinstance(cuda_scale_layout(0, rows), str), cuda_scale_layout(0, rows)
     assert cuda_shape_check(0, 4096, 3072, 3072, rows) is None  # a production shape must be supported

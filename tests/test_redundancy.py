@@ -10,7 +10,7 @@ import kopt
 from kopt.fx.capture import trace_function
 from kopt.passes.base import PassContext
 from kopt.passes.manager import run_passes
-from kopt.passes.redundancy import RedundancyElimination
+from kopt.passes.graph.redundancy import RedundancyElimination
 
 
 def test_fires_on_tiny_dits_and_stays_bit_identical(tiny_dit):

@@ -10,21 +10,21 @@ from collections.abc import Sequence
 
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.passes.base import Pass
-from kopt.passes.bias_absorption import BiasAbsorption
-from kopt.passes.redundancy import RedundancyElimination
-from kopt.passes.sibling_merge import SiblingProjectionMerge
-from kopt.passes.staging import BindingTimeStaging
+from kopt.passes.graph.bias_absorption import BiasAbsorption
+from kopt.passes.graph.redundancy import RedundancyElimination
+from kopt.passes.graph.sibling_merge import SiblingProjectionMerge
+from kopt.passes.graph.staging import BindingTimeStaging
 
 PassSpec = str | Pass | Sequence[str | Pass]
 
 
 def default_pipeline() -> list[Pass]:
     """The passes ``"auto"`` runs, in order (each measured on the H200: benchmarks/results/NOTES.md)."""
-    from kopt.passes.fuse_adaln import FuseAdaLN
-    from kopt.passes.fuse_gated_residual import FuseGatedResidual
-    from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
-    from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
-    from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
+    from kopt.passes.fuse.adaln import FuseAdaLN
+    from kopt.passes.fuse.gated_residual import FuseGatedResidual
+    from kopt.passes.fuse.joint_attention_input import FuseJointAttentionInput
+    from kopt.passes.fuse.qk_norm_rope import FuseQKNormRope
+    from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
 
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
@@ -49,13 +49,13 @@ def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
     (codegen-fuse), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``).
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
-    from kopt.passes.codegen_fuse import CodegenFuse
-    from kopt.passes.fp8_attention import Fp8Attention
-    from kopt.passes.fp8_gemv import Fp8Gemv
-    from kopt.passes.fp8_linear import Fp8Linear
-    from kopt.passes.fuse_activation_quant import FuseActivationQuant
-    from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
-    from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
+    from kopt.passes.fuse.codegen import CodegenFuse
+    from kopt.passes.fp8.attention import Fp8Attention
+    from kopt.passes.fp8.gemv import Fp8Gemv
+    from kopt.passes.fp8.linear import Fp8Linear
+    from kopt.passes.fp8.activation_quant import FuseActivationQuant
+    from kopt.passes.fp8.norm_quant import FuseAdaLNQuant
+    from kopt.passes.fp8.attention_output_quant import FuseAttentionOutputQuant
 
     return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
             FuseAttentionOutputQuant(), Fp8Gemv()]
@@ -77,9 +77,9 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
     themselves; other granularities have no such kernels, so the norm fusions are dropped and
     Inductor fuses norm and quantize into one kernel (a bf16 kernel would write a tensor that a
     separate quantize reads back). A list the caller wrote is kept as written."""
-    from kopt.passes.fp8_linear import Fp8Linear
-    from kopt.passes.fuse_activation_quant import FuseActivationQuant
-    from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
+    from kopt.passes.fp8.linear import Fp8Linear
+    from kopt.passes.fp8.activation_quant import FuseActivationQuant
+    from kopt.passes.fp8.norm_quant import FuseAdaLNQuant
 
     fp8 = Fp8Linear(config)
     row = Granularity(config.granularity) is Granularity.ROW
@@ -105,8 +105,8 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
         at = max(norms) + 1
         passes = [*passes[:at], FuseAdaLNQuant(), *passes[at:]]
     if config.attention:
-        from kopt.passes.fp8_attention import Fp8Attention
-        from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
+        from kopt.passes.fp8.attention import Fp8Attention
+        from kopt.passes.fp8.attention_output_quant import FuseAttentionOutputQuant
 
         attention: list[Pass] = [Fp8Attention(config)]
         if row:  # the projections after attention quantize per row: the attention kernel writes FP8 itself
@@ -117,7 +117,7 @@ def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> l
         passes = [*passes[:at], *attention, *passes[at:]]
     names = [p.name for p in passes]
     if row and "fp8-gemv" not in names:
-        from kopt.passes.fp8_gemv import Fp8Gemv
+        from kopt.passes.fp8.gemv import Fp8Gemv
 
         at = names.index("staging") if "staging" in names else len(passes)  # after every fusion reading the GEMMs
         passes = [*passes[:at], Fp8Gemv(), *passes[at:]]

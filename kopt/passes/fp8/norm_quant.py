@@ -29,7 +29,7 @@ from kopt.kernels import adaln_modulation_quant as _registers_the_op  # noqa: F4
 from kopt.kernels import gated_residual as _registers_gated  # noqa: F401  (torch.ops.kopt.gated_residual)
 from kopt.kernels import gated_residual_quant as _registers_gated_quant  # noqa: F401
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
-from kopt.passes.fuse_activation_quant import row_quantization
+from kopt.passes.fp8.activation_quant import row_quantization
 
 aten = torch.ops.aten
 RULE = "adaln-quant"

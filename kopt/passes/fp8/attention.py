@@ -11,7 +11,7 @@ Qwen-Image's text padding takes; only the output is read (not the log-sum-exp). 
 concatenation of two parts read by nothing else (a joint attention's text and image values) are
 passed as both parts, so the kernel's K/V quantization reads them where they are. Where the graph
 shows the mask to be zero outside a window of keys (Qwen-Image: everything but the text keys,
-:mod:`kopt.passes.key_mask_window`), the op gets that window and skips the mask there. The loss is FP8
+:mod:`kopt.fx.match.key_mask_window`), the op gets that window and skips the mask there. The loss is FP8
 rounding, so the contract is ``quality``: the gate of :class:`kopt.fp8.Fp8Config`. Opt-in with
 ``Fp8Config(attention=True)``.
 """
@@ -28,8 +28,8 @@ from kopt.fx.graph_utils import calls, meta_value, replace, size_arg, stamp, swa
 from kopt.fx.symbolic import fake_mode_for, known_equal, same_sizes, static_int
 from kopt.kernels import fp8_attention as kernel
 from kopt.passes.base import PassContext, accepted_matches
-from kopt.passes.fp8_pass import Fp8Pass
-from kopt.passes.key_mask_window import bias_window
+from kopt.passes.fp8.base import Fp8Pass
+from kopt.fx.match.key_mask_window import bias_window
 
 aten = torch.ops.aten
 RULE = "fp8-attention"

@@ -20,7 +20,7 @@ from kopt.fx.graph_utils import meta_value, only_user, replace
 from kopt.fx.symbolic import same_sizes
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
-from kopt.passes.rms_norm_match import is_cast, rms_norm
+from kopt.fx.match.rms_norm import is_cast, rms_norm
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope"

@@ -11,7 +11,7 @@ copy sibling-merge made is dropped. The activation is quantized on every call, p
 per tensor: those few elementwise ops and one row reduction are what Inductor fuses into the
 producer's kernel. The bias rides in the GEMM epilogue, so no standalone bias add remains (the
 block-scaled GEMM has no bias epilogue: there the add follows it). Block granularities scale each
-1×128 slice of an activation row, and each 1×128 or 128×128 weight tile (:mod:`kopt.fp8.block_mm`);
+1×128 slice of an activation row, and each 1×128 or 128×128 weight tile (:mod:`kopt.passes.fp8.block_mm`);
 their weight scale grids are put in the memory order the GPU's GEMM reads, here, once.
 
 Valid because ``_scaled_mm`` computes ``(q_x * scale_x) @ (q_W * scale_W).T + b`` with float32
@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from kopt.fp8 import block_mm
+from kopt.passes.fp8 import block_mm
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.fp8.quantize import BLOCK, FP8, FP8_MAX, MIN_AMAX, Operand, block_shape, quantize
 from kopt.fx.constants import (
@@ -43,7 +43,7 @@ from kopt.fx.derived import derive
 from kopt.fx.graph_utils import meta_value, replace, size_arg, stamp
 from kopt.fx.symbolic import static_int
 from kopt.passes.base import PassContext
-from kopt.passes.fp8_pass import Fp8Pass
+from kopt.passes.fp8.base import Fp8Pass
 
 aten = torch.ops.aten
 RULE = "fp8-linear"

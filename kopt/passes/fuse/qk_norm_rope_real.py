@@ -30,7 +30,7 @@ from kopt.fx.symbolic import known_equal, same_sizes
 from kopt.kernels import joint_qk_norm_rope as _registers_joint  # noqa: F401  (torch.ops.kopt.qk_norm_rope_joint)
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
-from kopt.passes.rms_norm_match import is_cast, rms_norm, through_casts
+from kopt.fx.match.rms_norm import is_cast, rms_norm, through_casts
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope-real"
