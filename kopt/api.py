@@ -19,7 +19,7 @@ from kopt.dynamo_cache import compile_isolated
 from kopt.fallback import EagerFallbackWarning, note_eager_call, watching
 from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
-from kopt.passes.pipeline import PassSpec, resolve, with_fp8
+from kopt.passes.pipeline import PassSpec, resolve
 from kopt.progress import show_progress
 from kopt.release import WeightsReleasedError
 from kopt.report import Report
@@ -50,8 +50,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
     if fp8:
         if fp8 is not True and not isinstance(fp8, Fp8Config):
             raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
-        from_auto = passes == "auto" or (isinstance(passes, (list, tuple)) and "auto" in passes)
-        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, from_auto=from_auto)
+        passes = resolve(passes, Fp8Config() if fp8 is True else fp8)
     mode = mode or "default"
     mode_options(mode)  # an unknown mode fails here, not at the first call
     options = CompileOptions.from_environment(

@@ -459,12 +459,12 @@ def test_explicitly_named_norm_fusions_are_kept_under_fp8():
 def test_auto_pipeline_per_granularity():
     """Row scales: every producer with an FP8-emitting kernel gets it. Block scales have none, so
     the bf16 norm fusions leave the pipeline and Inductor fuses norm and quantize instead."""
-    from kopt.passes.pipeline import resolve, with_fp8
+    from kopt.passes.pipeline import resolve
 
-    row = [p.name for p in with_fp8(resolve("auto"), Fp8Config(), from_auto=True)]
+    row = [p.name for p in resolve("auto", Fp8Config())]
     assert row.index("sibling-merge") + 1 == row.index("fp8-linear") == row.index("fuse-activation-quant") - 1
     assert row.index("fuse-gated-residual") + 1 == row.index("fuse-adaln-quant") < row.index("staging")
-    block = [p.name for p in with_fp8(resolve("auto"), Fp8Config(granularity="block-128x128"), from_auto=True)]
+    block = [p.name for p in resolve("auto", Fp8Config(granularity="block-128x128"))]
     assert "fp8-linear" in block and "fuse-qk-norm-rope" in block
     assert not {"fuse-adaln", "fuse-gated-residual", "fuse-activation-quant", "fuse-adaln-quant"} & set(block)
 
