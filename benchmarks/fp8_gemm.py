@@ -27,9 +27,9 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from benchmarks import micro  # noqa: E402
-from kopt.passes.fp8 import block_mm  # noqa: E402
 from kopt.fp8.config import Granularity  # noqa: E402
 from kopt.fp8.quantize import Operand, block_shape, quantize  # noqa: E402
+from kopt.passes.fp8 import block_mm  # noqa: E402
 
 # (model, layer, M tokens, K in, N out): the large linears of one block at 4096 image tokens
 SHAPES = (

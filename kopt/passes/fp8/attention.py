@@ -25,11 +25,11 @@ from torch.fx.operator_schemas import normalize_function
 
 from kopt.fp8.config import Fp8Config
 from kopt.fx.graph_utils import calls, meta_value, replace, size_arg, stamp, swaps_dims_1_and_2
+from kopt.fx.match.key_mask_window import bias_window
 from kopt.fx.symbolic import fake_mode_for, known_equal, same_sizes, static_int
 from kopt.kernels import fp8_attention as kernel
 from kopt.passes.base import PassContext, accepted_matches
 from kopt.passes.fp8.base import Fp8Pass
-from kopt.fx.match.key_mask_window import bias_window
 
 aten = torch.ops.aten
 RULE = "fp8-attention"

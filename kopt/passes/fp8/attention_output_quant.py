@@ -33,8 +33,8 @@ from kopt.fx.graph_utils import RESHAPES, calls, meta_value, stamp, swaps_dims_1
 from kopt.fx.symbolic import static_int
 from kopt.kernels import fp8_attention_quant as kernel
 from kopt.passes.base import PassContext, accepted_matches
-from kopt.passes.fp8.base import Fp8Pass
 from kopt.passes.fp8.activation_quant import row_quantization
+from kopt.passes.fp8.base import Fp8Pass
 
 aten = torch.ops.aten
 RULE = "attention-output-quant"

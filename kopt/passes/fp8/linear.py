@@ -29,7 +29,6 @@ import functools
 
 import torch
 
-from kopt.passes.fp8 import block_mm
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.fp8.quantize import BLOCK, FP8, FP8_MAX, MIN_AMAX, Operand, block_shape, quantize
 from kopt.fx.constants import (
@@ -43,6 +42,7 @@ from kopt.fx.derived import derive
 from kopt.fx.graph_utils import meta_value, replace, size_arg, stamp
 from kopt.fx.symbolic import static_int
 from kopt.passes.base import PassContext
+from kopt.passes.fp8 import block_mm
 from kopt.passes.fp8.base import Fp8Pass
 
 aten = torch.ops.aten

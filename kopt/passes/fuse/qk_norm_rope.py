@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from kopt.fx.graph_utils import meta_value, only_user, replace
+from kopt.fx.match.rms_norm import is_cast, rms_norm
 from kopt.fx.symbolic import same_sizes
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
-from kopt.fx.match.rms_norm import is_cast, rms_norm
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope"

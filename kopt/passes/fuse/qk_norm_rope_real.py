@@ -26,11 +26,11 @@ import operator
 import torch
 
 from kopt.fx.graph_utils import RESHAPES, add_sizes, meta_value, only_user, replace, size_arg
+from kopt.fx.match.rms_norm import is_cast, rms_norm, through_casts
 from kopt.fx.symbolic import known_equal, same_sizes
 from kopt.kernels import joint_qk_norm_rope as _registers_joint  # noqa: F401  (torch.ops.kopt.qk_norm_rope_joint)
 from kopt.kernels import qk_norm_rope as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
-from kopt.fx.match.rms_norm import is_cast, rms_norm, through_casts
 
 aten = torch.ops.aten
 RULE = "qk-norm-rope-real"
