@@ -49,7 +49,7 @@ from kopt.weight_sets import WeightSets
 if TYPE_CHECKING:
     from kopt.backend import KoptBackend
 
-log = logging.getLogger("kopt")  # progress of long compiles at INFO (benchmarks/dit.py shows it)
+log = logging.getLogger("kopt")  # progress of long compiles at INFO (benchmarks/dit/dit.py shows it)
 
 
 _ON_CHANGE = {WeightChange.RECOMPILE: "derive them again in place", WeightChange.RAISE: "raise",

@@ -12,9 +12,9 @@ kernel already holds the whole row, so it can take the amax and write FP8 direct
 bytes written, none read back). Valid when the GEMM's A operand is the row-wise quantization
 ``fp8-linear`` emits (checked node by node) and nothing else reads the bf16 output. Contract:
 exact — the kernel rounds the modulated value to x's dtype as the bf16 op does, then quantizes
-with the same formula. Opt-in until measured on a GPU: name ``fuse-adaln`` (and
-``fuse-gated-residual``) and this pass with ``fp8=...`` (``"auto"`` drops them under FP8 and lets
-Inductor fuse its own norm and quantize instead).
+with the same formula. ``fp8_pipeline`` runs it after the norm fusions with row scales; other
+granularities have no such kernels, so there the norm fusions are left out and Inductor fuses its
+own norm and quantize instead.
 """
 
 from __future__ import annotations

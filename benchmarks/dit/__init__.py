@@ -1,0 +1,1 @@
+"""The DiT harness (dit.py) and its parts: variants, measurement, breakdown, summary, results; the zoo and other whole-model scripts."""
