@@ -28,7 +28,7 @@ VARIANTS = ("eager", "kopt-eager", "fp8-eager")
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, str(REPO / "benchmarks" / "dit.py"), "--size", "tiny", "--device", "cpu",
+    command = [sys.executable, str(REPO / "benchmarks" / "dit" / "dit.py"), "--size", "tiny", "--device", "cpu",
                "--variants", ",".join(VARIANTS), "--repeats", "1", "--warmup", "0",
                "--profile-forwards", "1", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -101,7 +101,7 @@ def test_a_flux1_workload_gets_rows_against_an_fp64_reference(tmp_path: Path) ->
     """``--models`` takes a workload by ``module:factory`` (the zoo's ``flux1`` goes the same way): in bf16
     with guidance 3.5, eager's own row is 1e-2 off the reference and kopt's rows carry both numbers."""
     workload = "tests.tiny_flux1:workload"
-    command = [sys.executable, str(REPO / "benchmarks" / "dit.py"), "--size", "tiny", "--device", "cpu",
+    command = [sys.executable, str(REPO / "benchmarks" / "dit" / "dit.py"), "--size", "tiny", "--device", "cpu",
                "--dtype", "bf16", "--models", workload, "--variants", "eager,kopt-eager", "--repeats", "1",
                "--warmup", "0", "--profile-forwards", "0", "--out", str(tmp_path)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -326,7 +326,7 @@ def test_stall_probe_reports_state_and_makes_the_process_print_its_stack(tmp_pat
     with stderr.open("w") as err:
         process = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=err, text=True)
         assert process.stdout.readline().strip() == "ready"
-        probe = subprocess.run(["bash", str(REPO / "benchmarks" / "stall_probe.sh"), str(process.pid), "0", "1"],
+        probe = subprocess.run(["bash", str(REPO / "benchmarks" / "tools" / "stall_probe.sh"), str(process.pid), "0", "1"],
                                capture_output=True, text=True, timeout=60)
         assert process.wait(timeout=30) == 0  # the signal printed a stack, it did not end the process
     assert probe.returncode == 0, probe.stderr
