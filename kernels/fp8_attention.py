@@ -26,9 +26,10 @@ and V followed by exact float32 attention; the kernel additionally rounds P to F
 shapes (``benchmarks/RESULTS.md`` has the numbers). With the mask window (the pass proves the mask
 zero on the image keys) a masked shape runs at the unmasked one's speed. A forward that runs at
 the card's power cap lowers the SM clock, which costs this kernel more than cuDNN's (``python
-benchmarks/tools/clocks.py`` reads the clock during a run). What is left is Hopper's warp specialisation (producer warps feeding TMA, two softmax
-warpgroups taking turns), which this Triton loop does not get on sm_90. Hence
-``Fp8Config(attention=False)`` by default: it pays on Qwen-Image, not on FLUX.2;
+benchmarks/tools/clocks.py`` reads the clock during a run). What is left is Hopper's warp
+specialisation (producer warps feeding TMA, two softmax warpgroups taking turns), which this
+Triton loop does not get on sm_90. Hence ``Fp8Config(attention=False)`` by default: it pays on
+Qwen-Image, not on FLUX.2;
 ``benchmarks/micro/attention.py`` times every launch config against torch's SDPA.
 
 FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D·e, write half of it.

@@ -223,10 +223,7 @@ def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
     """benchmarks/micro/fp8_gemm.py (every granularity) and benchmarks/micro/attention.py run and report errors."""
     import torch as _torch
 
-    from benchmarks.micro import attention
-
-
-    from benchmarks.micro import fp8_gemm
+    from benchmarks.micro import attention, fp8_gemm
 
     cpu = _torch.device("cpu")
     gemm_rows = fp8_gemm.run(fp8_gemm.TINY, cpu)
@@ -326,7 +323,8 @@ def test_stall_probe_reports_state_and_makes_the_process_print_its_stack(tmp_pat
     with stderr.open("w") as err:
         process = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=err, text=True)
         assert process.stdout.readline().strip() == "ready"
-        probe = subprocess.run(["bash", str(REPO / "benchmarks" / "tools" / "stall_probe.sh"), str(process.pid), "0", "1"],
+        probe_script = REPO / "benchmarks" / "tools" / "stall_probe.sh"
+        probe = subprocess.run(["bash", str(probe_script), str(process.pid), "0", "1"],
                                capture_output=True, text=True, timeout=60)
         assert process.wait(timeout=30) == 0  # the signal printed a stack, it did not end the process
     assert probe.returncode == 0, probe.stderr

@@ -2,8 +2,8 @@
 """What the higher-precision reference, and so the lowering check, costs on a model.
 
     python benchmarks/dit/reference_cost.py --size full --models qwen-image          # one H200 (bf16, fp32 reference)
-    python benchmarks/dit/reference_cost.py --size full --models flux1 --compile     # + kopt.compile's check, as reported
-    python benchmarks/dit/reference_cost.py --models tiny-flux1,mid-flux1            # the CPU (fp32 model, fp64 reference)
+    python benchmarks/dit/reference_cost.py --size full --models flux1 --compile  # + kopt.compile's check, as reported
+    python benchmarks/dit/reference_cost.py --models tiny-flux1,mid-flux1  # the CPU (fp32 model, fp64 reference)
 
 Per model: one eager forward (median of 3), one reference forward (``kopt.reference``: every op in
 fp32 on a GPU / fp64 on the CPU, weights upcast op by op; median of 2), the peak bytes of upcast

@@ -2,7 +2,7 @@
 """Attention at the production shapes: kopt's FP8 kernel (every launch config) against torch's
 bf16 SDPA (cuDNN / flash), in TFLOP/s, with each one's error against float32 attention.
 
-    python benchmarks/micro/attention.py            # on the GPU: writes attention.{json,md} under $OUT or benchmarks/results
+    python benchmarks/micro/attention.py  # on the GPU: writes attention.{json,md} under $OUT or benchmarks/results
     python benchmarks/micro/attention.py --tiny     # CPU smoke run (interpreter, small shapes; times mean nothing)
 
 Times are CUDA-graph replays (GPU time only, median) of one call; the FP8 kernel's time includes

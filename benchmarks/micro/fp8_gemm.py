@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FP8 GEMMs at the production shapes, one row per scale granularity, against bf16.
 
-    python benchmarks/micro/fp8_gemm.py            # on the GPU: writes fp8-gemm.{json,md} under $OUT or benchmarks/results
+    python benchmarks/micro/fp8_gemm.py  # on the GPU: writes fp8-gemm.{json,md} under $OUT or benchmarks/results
     python benchmarks/micro/fp8_gemm.py --tiny     # CPU smoke run (small shapes; times mean nothing)
 
 For each (M, K, N) linear of Qwen-Image and FLUX.2 and each granularity of

@@ -1,1 +1,2 @@
-"""Passes that fuse a matched region into one kernel (bf16): adaLN, gated residual, QK-norm+RoPE, joint attention input, codegen."""
+"""Passes that fuse a matched region into one bf16 kernel: adaLN, gated residual, QK-norm + RoPE,
+joint attention input, codegen."""
