@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 import triton
@@ -389,14 +388,8 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
         _activation_quant_kernel[(m,)](*args, p, f, *strides, P_CHUNKS=math.ceil(p / block),
                                        F_CHUNKS=math.ceil(f / block), ONE_PASS=f <= block and p <= block, **flags)
 
-    def on_scratch() -> Callable[[Config], None]:
-        q_scratch, scale_scratch = torch.empty_like(q), torch.empty_like(scale)
-        return lambda cfg: run(cfg, q_scratch, scale_scratch)
-
-    if config is None:
-        key = shape_key(rows=pow2_bucket(m), prefix=p, width=f, act=act, dtype=h.dtype)
-        config = _autotune.choose("activation_quant", key, offered(f, p), on_scratch, h.device)
-    run(config, q, scale)
+    key = shape_key(rows=pow2_bucket(m), prefix=p, width=f, act=act, dtype=h.dtype)
+    _autotune.launch_tuned("activation_quant", key, offered(f, p), run, (q, scale), h.device, config)
     return q, scale
 
 

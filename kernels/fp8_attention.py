@@ -38,7 +38,6 @@ FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
@@ -370,15 +369,10 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             OUT_FP8=fp8_out, HEADS_POW2=triton.next_power_of_2(h),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(q.device))
 
-    def on_scratch() -> Callable[[Config], None]:
-        scratch, scratch_scale = empty_output(q, out.dtype), torch.empty_like(out_scale)
-        return lambda cfg: run(cfg, scratch, scratch_scale)
-
-    if config is None:
-        key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
-                        biased_keys=pow2_bucket(end - start), dtype=q.dtype, fp8_out=fp8_out)
-        config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
-    run(config, out, out_scale)
+    key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
+                    biased_keys=pow2_bucket(end - start), dtype=q.dtype, fp8_out=fp8_out)
+    _autotune.launch_tuned("fp8_attention", key, candidates(), run, (out, out_scale), q.device, config,
+                           scratch=lambda: (empty_output(q, out.dtype), torch.empty_like(out_scale)))
     return (out, out_scale) if fp8_out else out
 
 

@@ -24,7 +24,6 @@ nothing can be timed), so a device where cuBLAS is faster keeps it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
@@ -138,14 +137,8 @@ def launch(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_
                                BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], K_STEPS=triton.cdiv(k, cfg["BLOCK_K"]),
                                num_warps=cfg["num_warps"], **launch_options(x.device))
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into the result
-        scratch = torch.empty_like(out)
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        key = shape_key(m=m, n=pow2_bucket(n), k=k, bias=bias is not None, out=out_dtype, fast_accum=fast_accum)
-        config = _autotune.choose("fp8_gemv", key, candidates(), on_scratch, x.device)
-    run(config, out)
+    key = shape_key(m=m, n=pow2_bucket(n), k=k, bias=bias is not None, out=out_dtype, fast_accum=fast_accum)
+    _autotune.launch_tuned("fp8_gemv", key, candidates(), run, (out,), x.device, config)
     return out
 
 
