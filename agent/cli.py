@@ -25,10 +25,10 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     import torch
 
     from kopt.agent.loop import optimize
-    from kopt.cli import _workload
+    from kopt.cli_args import workload_argument
     from kopt.workloads import get_workload
 
-    workload = get_workload(_workload(args.workload))
+    workload = get_workload(workload_argument(args.workload))
     if args.size == "full" and not torch.cuda.is_available():
         raise SystemExit("kopt: --size full needs a CUDA device")
     device, dtype = ("cuda", torch.bfloat16) if args.size == "full" else ("cpu", torch.float32)

@@ -37,8 +37,8 @@ import triton
 
 log = logging.getLogger("kopt")  # one line per tuning at INFO
 
-__all__ = ["TUNER", "Choice", "Config", "Tuner", "block_candidates", "choose", "config_name", "pow2_bucket",
-           "shape_key"]
+__all__ = ["TUNER", "Choice", "Config", "Tuner", "block_candidates", "choose", "config_name", "launch_tuned",
+           "pow2_bucket", "shape_key"]
 
 Config = dict[str, int]
 Timer = Callable[[Callable[[], object]], float]
@@ -273,3 +273,20 @@ def choose(
 ) -> Config:
     """``TUNER.choose(...)`` on the process-wide tuner (looked up per call, so tests can swap it)."""
     return TUNER.choose(kernel, key, candidates, make_runner, device)
+
+
+def launch_tuned(name: str, key: str, candidates: Sequence[Config], run: Callable[..., None],
+                 outputs: Sequence[torch.Tensor], device: torch.device, config: Config | None = None,
+                 scratch: Callable[[], Sequence[torch.Tensor]] | None = None) -> Config:
+    """``run(config, *outputs)``: a launcher's one call into the tuner. Without ``config`` the tuner
+    picks one for ``key`` among ``candidates``, timing them on scratch outputs (``scratch()``, by
+    default fresh tensors like ``outputs``), never on the caller's, which may alias the inputs (an
+    in-place residual). Returns the config launched."""
+    if config is None:
+        def on_scratch() -> Callable[[Config], None]:
+            buffers = tuple(scratch()) if scratch is not None else tuple(torch.empty_like(o) for o in outputs)
+            return lambda cfg: run(cfg, *buffers)
+
+        config = choose(name, key, candidates, on_scratch, device)
+    run(config, *outputs)
+    return config

@@ -2,7 +2,7 @@
 element-wise kernels that instruction issue bounds rather than memory. Qwen-Image's GELU-tanh
 quantize, compiled for sm_90: 36.7 SASS instructions per value with plain Triton math, 28.7 with
 these forms (one 16384-wide block per row), 20.3 with them in three 4096-wide register chunks
-(``python benchmarks/sass.py``).
+(``python benchmarks/tools/sass.py``).
 
 Why: Triton lowers ``tl.exp`` to ``ex2.approx.f32`` and ``/`` to ``div.full.f32``. For inputs or
 results in float32's subnormal range both need a guard, which ptxas emits as a compare and two

@@ -1,14 +1,13 @@
 """Programmatic dependent launch (Hopper and later): a kernel's launch overlaps the end of the
 kernel before it.
 
-Why: in a DiT forward replayed from a CUDA graph, the GPU sits idle between consecutive kernels
-for 4–5 µs on the H200 (the launch of the next grid after the previous one drains; 8.9 ms over the
-1665 kernels of a Qwen-Image FP8 forward, ``benchmarks/breakdown.py``). With PDL a kernel launched
-with the programmatic-serialization attribute may start as soon as every program of the previous
-kernel has signalled ``griddepcontrol.launch_dependents``; it then waits in ``griddepcontrol.wait``
-until that kernel has completed and its memory is visible. Measured (Qwen-Image, FP8, profiled
-forward): idle 8.92 ms over 1665 kernels without, 6.14 ms over 1605 with; the host time before the
-first kernel 1.09 → 0.28 ms (``benchmarks/results/NOTES.md``, session 5: s5a and s5c).
+Why: in a DiT forward replayed from a CUDA graph, the GPU sits idle for a few microseconds
+between consecutive kernels (the launch of the next grid after the previous one drains), which
+adds up over the thousand-odd kernels of a forward (``benchmarks/dit/breakdown.py`` reports it per
+launch). With PDL a kernel launched with the programmatic-serialization attribute may start as
+soon as every program of the previous kernel has signalled ``griddepcontrol.launch_dependents``;
+it then waits in ``griddepcontrol.wait`` until that kernel has completed and its memory is
+visible, so the launch latency hides under the previous kernel's tail.
 
 Valid because every kopt kernel calls :func:`begin` before anything else: it first waits for the
 previous kernel (so no input is read early, and by induction every earlier kernel is complete

@@ -20,11 +20,11 @@ prefix and the activation each fit one BLOCK (Qwen-Image: F = 12288 with BLOCK =
 F = 18432 and P = 6144 with BLOCK = 32768 over 32 warps, the prefix in its own power-of-two block),
 the values stay in registers between the amax and the store: one read of the row. The kernel is
 bound by instruction issue more than by memory (one exp2 and one reciprocal per value; 28.7 SASS
-instructions per value at Qwen-Image's width in one block, ``python benchmarks/sass.py``), so two
+instructions per value at Qwen-Image's width in one block, ``python benchmarks/tools/sass.py``), so two
 more layouts are candidates: a row held as 2..5 register chunks (``IN_REGISTERS``: 12288 =
 3 x 4096 wastes no lanes, where one 16384-wide block computes a quarter of its lanes for nothing;
 20.3 instructions per value) and a fixed grid of programs that each prefetch their next row
-(``PREFETCH``: it wins on FLUX.2's 512 text rows, 0.042 against 0.058 ms).
+(``PREFETCH``: it wins on few rows, such as FLUX.2's 512 text rows).
 
 Numerics equal the unfused graph's: each activation step is rounded to h.dtype as the bf16 graph
 rounds it (silu, then the product; gelu), then quantized exactly like
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 import triton
@@ -252,7 +251,7 @@ def _activation_quant_chunks_kernel(prefix_ptr, h_ptr, q_ptr, scale_ptr, P, F, s
     # instruction issue, not memory). The prefix is only copied, not computed: it is read twice, in
     # BLOCK-wide pieces (its amax, then its values, the second time from L2), rather than held, so
     # that the registers go to the activation and two programs fit an SM (FLUX.2's single-stream row
-    # at 16 warps: 62 registers a thread, ``python benchmarks/sass.py``).
+    # at 16 warps: 62 registers a thread, ``python benchmarks/tools/sass.py``).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     base = row * stride_h
@@ -389,14 +388,8 @@ def launch(h: torch.Tensor, prefix: torch.Tensor | None = None, act: str = "swig
         _activation_quant_kernel[(m,)](*args, p, f, *strides, P_CHUNKS=math.ceil(p / block),
                                        F_CHUNKS=math.ceil(f / block), ONE_PASS=f <= block and p <= block, **flags)
 
-    def on_scratch() -> Callable[[Config], None]:
-        q_scratch, scale_scratch = torch.empty_like(q), torch.empty_like(scale)
-        return lambda cfg: run(cfg, q_scratch, scale_scratch)
-
-    if config is None:
-        key = shape_key(rows=pow2_bucket(m), prefix=p, width=f, act=act, dtype=h.dtype)
-        config = _autotune.choose("activation_quant", key, offered(f, p), on_scratch, h.device)
-    run(config, q, scale)
+    key = shape_key(rows=pow2_bucket(m), prefix=p, width=f, act=act, dtype=h.dtype)
+    _autotune.launch_tuned("activation_quant", key, offered(f, p), run, (q, scale), h.device, config)
     return q, scale
 
 

@@ -20,8 +20,6 @@ For bf16 x and bf16 modulation: ``4*B*S*N + 4*B*N`` bytes; at the production sha
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -170,15 +168,9 @@ def launch(
             **cfg, **launch_options(x.device)
         )
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
-        scratch = torch.empty_like(out)
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        rows = pow2_bucket(n_rows)
-        key = shape_key(n=n, rows=rows, dtype=x.dtype, rms=rms, weight=weight is not None)
-        config = _autotune.choose("adaln_modulation", key, candidates(n, rows), on_scratch, x.device)
-    run(config, out)
+    rows = pow2_bucket(n_rows)
+    key = shape_key(n=n, rows=rows, dtype=x.dtype, rms=rms, weight=weight is not None)
+    _autotune.launch_tuned("adaln_modulation", key, candidates(n, rows), run, (out,), x.device, config)
     return out
 
 

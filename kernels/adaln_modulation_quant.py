@@ -13,8 +13,6 @@ production shape (1, 4096, 3072) bf16 that is 25.2 + 12.6 MB, half the bf16 kern
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -91,15 +89,9 @@ def launch(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: to
             scale.stride(0), shift.stride(0), float(eps), IS_RMS=bool(rms), HAS_WEIGHT=weight is not None,
             ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(x.device))
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into the results
-        q_scratch, s_scratch = torch.empty_like(q), torch.empty_like(scales)
-        return lambda cfg: run(cfg, q_scratch, s_scratch)
-
-    if config is None:
-        rows = pow2_bucket(n_rows)
-        key = shape_key(n=n, rows=rows, dtype=x.dtype, rms=rms, weight=weight is not None)
-        config = _autotune.choose("adaln_modulation_quant", key, row_candidates(n, rows), on_scratch, x.device)
-    run(config, q, scales)
+    rows = pow2_bucket(n_rows)
+    key = shape_key(n=n, rows=rows, dtype=x.dtype, rms=rms, weight=weight is not None)
+    _autotune.launch_tuned("adaln_modulation_quant", key, row_candidates(n, rows), run, (q, scales), x.device, config)
     return q, scales
 
 

@@ -13,8 +13,8 @@ logit costs one FMA and one exp2, and P · V accumulates straight into the outpu
 the tensor cores (see :func:`_attend_chunk`). The softmax's per-element work, not the products,
 bounds FP8 attention on Hopper, so this is where the time is.
 
-Why: the DiT's attention runs bf16 tensor-core products (~510 TFLOP/s in cuDNN at FLUX.2's shape on
-the lent H200), and FP8 products have twice bf16's peak rate. The per-row scales of Q and the
+Why: the DiT's attention runs bf16 tensor-core products, and FP8 products have twice bf16's peak
+rate. The per-row scales of Q and the
 per-tile scales of K keep the logits' relative error near FP8's own (~2⁻⁴ per element, averaging
 over the head dim; normalised keys have similar magnitudes within a tile);
 ``bias`` is an additive key mask (B, S_k), e.g. Qwen-Image's 0 / −inf text padding.
@@ -22,20 +22,15 @@ over the head dim; normalised keys have similar magnitudes within a tile);
 The contract is ``quality`` (the FP8 gate): :func:`reference` is the same quantization of Q, K
 and V followed by exact float32 attention; the kernel additionally rounds P to FP8.
 
-Measured on the H200 (5bc906f, ``benchmarks/results/attention-s4.md``; the time includes the K/V
-quantization): 618 TFLOP/s at FLUX.2's shape against cuDNN's bf16 590; 499 at Qwen-Image's masked
-shape against 381 (591 against 560 without the mask: the mask's add per logit costs 21 %). With
-the mask window (the pass proves the mask zero on the image keys) the masked shape runs at 582,
-the unmasked one's speed (f280dce, ``attention-f280dce.md``). In the
-whole models (``dit-full-*-s4*``) that is 30.0 ms per Qwen-Image forward against cuDNN's 36.9, but
-63.4 against 57.9 ms in FLUX.2, whose forward runs at the 700 W power cap (SM clock p50 1515 MHz
-while above 600 W, ``python benchmarks/clocks.py benchmarks/results/smi-s4as4b.csv --gpu 1
---busy-watts 600``), where this kernel loses more than cuDNN's. The previous version (per-key K
-scales, scales applied per logit, P · V in a separate accumulator) ran 37 % slower than cuDNN in
-FLUX.2. What is left is Hopper's warp specialisation (producer warps feeding TMA, two softmax
-warpgroups taking turns), which this Triton loop does not get on sm_90. Hence
-``Fp8Config(attention=False)`` by default: it pays on Qwen-Image, not on FLUX.2;
-``benchmarks/attention.py`` times every launch config against torch's SDPA.
+``python benchmarks/micro/attention.py`` times it against torch's bf16 SDPA at the production
+shapes (``benchmarks/RESULTS.md`` has the numbers). With the mask window (the pass proves the mask
+zero on the image keys) a masked shape runs at the unmasked one's speed. A forward that runs at
+the card's power cap lowers the SM clock, which costs this kernel more than cuDNN's (``python
+benchmarks/tools/clocks.py`` reads the clock during a run). What is left is Hopper's warp
+specialisation (producer warps feeding TMA, two softmax warpgroups taking turns), which this
+Triton loop does not get on sm_90. Hence ``Fp8Config(attention=False)`` by default: it pays on
+Qwen-Image, not on FLUX.2;
+``benchmarks/micro/attention.py`` times every launch config against torch's SDPA.
 
 FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D·e, write half of it.
 """
@@ -43,7 +38,6 @@ FLOPs: 4·B·H·S_q·S_k·D. Bytes of the K/V quantization: read 2·B·H·S_k·D
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
@@ -161,7 +155,7 @@ def _attend_chunk(q8, row_scale, m_i, l_i, acc, chunk, log2_vs_max, k8_ptr, v8t_
     and for this tile's V scale; P · V then accumulates straight into ``acc`` (in units of
     s_v(max) / 448, applied once at the end) and ``l_i`` sums the unscaled P.
 
-    A key mask costs one more add per logit (21 % at Qwen-Image's shape on the H200). Deciding per
+    A key mask costs one more add per logit, a large share of the softmax's work. Deciding per
     tile at run time whether the mask is all zeros needs a branch in the loop, which Triton 3.6's
     software pipeliner rejects; instead the caller may prove a window of keys outside which the mask
     is zero, and the kernel runs its key loop in three parts (``HAS_BIAS`` only in the middle one).
@@ -252,9 +246,9 @@ def _fp8_attention_kernel(q_ptr, k8_ptr, v8t_ptr, ks_ptr, vs_ptr, bias_ptr, out_
 DEFAULT_CONFIG: Config = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): the tiles measured fastest on the H200 at FLUX.2's and
-# Qwen-Image's shapes (benchmarks/attention.py; 128 x 64 tiles and 2-stage pipelines lost by 10-60 %),
-# the best ones also with TMA loads (which win at Qwen-Image's masked shape, by 1-2 %).
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the autotuner's candidates, the tiles that were fastest at
+# FLUX.2's and Qwen-Image's shapes in benchmarks/micro/attention.py (128 x 64 tiles and 2-stage pipelines
+# were much slower), the best ones also with TMA loads (which win at Qwen-Image's masked shape).
 _TILES = ((128, 128, 8, 3), (64, 128, 4, 3), (128, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4))
 _TMA_TILES = ((64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 4))
 
@@ -337,7 +331,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantize K/V, run the attention kernel; the output is (B, H, S_q, D) in q's dtype, laid out
     as :func:`empty_output` says. ``bias_window`` = (start, end): the caller guarantees that
-    ``bias`` is zero outside keys [start, end) (see :mod:`kopt.passes.key_mask_window`), so whole
+    ``bias`` is zero outside keys [start, end) (see :mod:`kopt.fx.match.key_mask_window`), so whole
     key tiles outside it skip the bias add; default: the bias may be nonzero anywhere. ``fp8_out``:
     return (the output in FP8, its (B, S_q) float32 row scales) instead, as
     :mod:`kopt.kernels.fp8_attention_quant` defines them. ``v_tail``: the values are
@@ -375,15 +369,10 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             OUT_FP8=fp8_out, HEADS_POW2=triton.next_power_of_2(h),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(q.device))
 
-    def on_scratch() -> Callable[[Config], None]:
-        scratch, scratch_scale = empty_output(q, out.dtype), torch.empty_like(out_scale)
-        return lambda cfg: run(cfg, scratch, scratch_scale)
-
-    if config is None:
-        key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
-                        biased_keys=pow2_bucket(end - start), dtype=q.dtype, fp8_out=fp8_out)
-        config = _autotune.choose("fp8_attention", key, candidates(), on_scratch, q.device)
-    run(config, out, out_scale)
+    key = shape_key(b=b, h=h, s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d, bias=bias is not None,
+                    biased_keys=pow2_bucket(end - start), dtype=q.dtype, fp8_out=fp8_out)
+    _autotune.launch_tuned("fp8_attention", key, candidates(), run, (out, out_scale), q.device, config,
+                           scratch=lambda: (empty_output(q, out.dtype), torch.empty_like(out_scale)))
     return (out, out_scale) if fp8_out else out
 
 

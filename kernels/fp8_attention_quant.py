@@ -6,8 +6,8 @@
 
 Why: the projection after attention quantizes its input per row (``fp8-linear``). A row spans all
 heads, which separate attention programs compute, so that quantization was a kernel of its own,
-reading back the bf16 output the attention kernel had just written (1.8 ms per Qwen-Image forward
-on the H200, plus 120 launches). Every output row is a convex combination of V's rows (softmax
+reading back the bf16 output the attention kernel had just written (plus one launch per
+attention). Every output row is a convex combination of V's rows (softmax
 weights sum to one), so |o| ≤ max |V| for every head at once; the kernel rounds P to FP8 (relative
 error ≤ 2⁻⁴), hence the factor. Values above the bound in pathological rows (tiny P rounded up) are
 clamped to ±448 · s_o. The bound is known before any output is: the maximum of the per-tile V

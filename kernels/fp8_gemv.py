@@ -6,9 +6,8 @@
 the product ``torch._scaled_mm(q_x, q_W.t(), scale_x, scale_W, bias=bias, out_dtype=...)``
 computes with row-wise scales. With M = 1 (a timestep embedding times every block's modulation
 weights: Qwen-Image's 120 modulation linears, merged into one 2.2 M x 3072 GEMM) the work is
-reading the weight: 6.8 GB, against 6 MFLOP. cuBLAS read it at 2.9 TB/s (2.4 ms,
-``benchmarks/results/NOTES.md``, session 5); at 4 TB/s it would take 1.7 ms (an estimate: this
-kernel's speed at that shape is not measured yet).
+reading the weight: 6.8 GB, against 6 MFLOP, so its floor is the copy bandwidth; cuBLAS' GEMM
+tiles, built for many rows, read it well below that.
 
 Each program owns BLOCK_N output columns of one row of ``q_x``: it reads its BLOCK_N weight rows
 BLOCK_K bytes at a time, multiplies them by the row's K values on the CUDA cores and keeps the
@@ -25,7 +24,6 @@ nothing can be timed), so a device where cuBLAS is faster keeps it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
@@ -139,14 +137,8 @@ def launch(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_
                                BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], K_STEPS=triton.cdiv(k, cfg["BLOCK_K"]),
                                num_warps=cfg["num_warps"], **launch_options(x.device))
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into the result
-        scratch = torch.empty_like(out)
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        key = shape_key(m=m, n=pow2_bucket(n), k=k, bias=bias is not None, out=out_dtype, fast_accum=fast_accum)
-        config = _autotune.choose("fp8_gemv", key, candidates(), on_scratch, x.device)
-    run(config, out)
+    key = shape_key(m=m, n=pow2_bucket(n), k=k, bias=bias is not None, out=out_dtype, fast_accum=fast_accum)
+    _autotune.launch_tuned("fp8_gemv", key, candidates(), run, (out,), x.device, config)
     return out
 
 

@@ -21,8 +21,6 @@ work reads/writes r_new twice more (the add's write, the norm's read) plus the m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -172,15 +170,9 @@ def launch(
             **cfg, **launch_options(r.device)
         )
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here: out may alias r (in-place residual)
-        scratch_r, scratch_m = torch.empty_like(r_out), torch.empty_like(m_out)
-        return lambda cfg: run(cfg, scratch_r, scratch_m)
-
-    if config is None:
-        rows = pow2_bucket(n_rows)
-        key = shape_key(n=n, rows=rows, dtype=r.dtype, **({} if y.dtype == r.dtype else {"y": y.dtype}))
-        config = _autotune.choose("gated_residual", key, candidates(n, rows), on_scratch, r.device)
-    run(config, r_out, m_out)
+    rows = pow2_bucket(n_rows)
+    key = shape_key(n=n, rows=rows, dtype=r.dtype, **({} if y.dtype == r.dtype else {"y": y.dtype}))
+    _autotune.launch_tuned("gated_residual", key, candidates(n, rows), run, (r_out, m_out), r.device, config)
     return r_out, m_out
 
 

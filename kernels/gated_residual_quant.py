@@ -15,8 +15,6 @@ Same spec as ``gated_residual.reference`` followed by :func:`kopt.fp8.quantize.q
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -80,20 +78,15 @@ def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Te
     if n_rows == 0:
         return r_out, q, scales
 
-    def run(cfg: Config, dst: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+    def run(cfg: Config, *dst: torch.Tensor) -> None:
         _gated_residual_quant_kernel[(triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)](
             r, y, gate, scale, shift, *dst, n_rows, s, n, gate.stride(0), scale.stride(0), shift.stride(0),
             float(eps), ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(r.device))
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into the results
-        scratch = (torch.empty_like(r_out), torch.empty_like(q), torch.empty_like(scales))
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        rows = pow2_bucket(n_rows)
-        key = shape_key(n=n, rows=rows, dtype=r.dtype)
-        config = _autotune.choose("gated_residual_quant", key, row_candidates(n, rows), on_scratch, r.device)
-    run(config, (r_out, q, scales))
+    rows = pow2_bucket(n_rows)
+    key = shape_key(n=n, rows=rows, dtype=r.dtype)
+    _autotune.launch_tuned("gated_residual_quant", key, row_candidates(n, rows), run, (r_out, q, scales), r.device,
+                           config)
     return r_out, q, scales
 
 

@@ -11,7 +11,6 @@ E.g. a bf16 (1, 4096, 12288) activation: 2 * 50.3M * 2 B = 201 MB.
 
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 import triton
@@ -91,15 +90,9 @@ def launch(x: torch.Tensor, out: torch.Tensor | None = None, *, config: Config |
         _gelu_tanh_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](x, dst, n, K=_SQRT_2_OVER_PI, **cfg,
                                                            **launch_options(x.device))
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here: out may be x (in place)
-        scratch = torch.empty_like(out)
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        size = pow2_bucket(n)
-        key = shape_key(size=size, dtype=x.dtype)
-        config = _autotune.choose("gelu_tanh", key, candidates(size, x.dtype), on_scratch, x.device)
-    run(config, out)
+    size = pow2_bucket(n)
+    key = shape_key(size=size, dtype=x.dtype)
+    _autotune.launch_tuned("gelu_tanh", key, candidates(size, x.dtype), run, (out,), x.device, config)
     return out
 
 

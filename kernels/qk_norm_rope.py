@@ -29,7 +29,6 @@ rotate, cast) and Inductor cannot fuse the complex multiply.
 """
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
@@ -281,15 +280,9 @@ def launch(
             **cfg, **launch_options(x.device)
         )
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
-        scratch = torch.empty_like(out)
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        rows = pow2_bucket(n_rows)
-        key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weight is not None)
-        config = _autotune.choose("qk_norm_rope", key, candidates(half, rows), on_scratch, x.device)
-    run(config, out)
+    rows = pow2_bucket(n_rows)
+    key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weight is not None)
+    _autotune.launch_tuned("qk_norm_rope", key, candidates(half, rows), run, (out,), x.device, config)
     return out
 
 

@@ -11,7 +11,6 @@ FLUX.2 feed-forward, bf16 h (1, 4096, 2*18432): 3 * 18432 * 4096 * 2 B = 453 MB.
 """
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
@@ -101,15 +100,9 @@ def launch(h: torch.Tensor, out: torch.Tensor | None = None, *, config: Config |
         _swiglu_kernel[(m, triton.cdiv(f, cfg["BLOCK"]))](h2, dst, f, h2.stride(0), **cfg,
                                                           **launch_options(h.device))
 
-    def on_scratch() -> Callable[[Config], None]:  # tuning writes here, never into ``out``
-        scratch = torch.empty_like(out)
-        return lambda cfg: run(cfg, scratch)
-
-    if config is None:
-        rows = pow2_bucket(m)
-        key = shape_key(f=f, rows=rows, dtype=h.dtype)
-        config = _autotune.choose("swiglu", key, candidates(f, h.dtype), on_scratch, h.device)
-    run(config, out)
+    rows = pow2_bucket(m)
+    key = shape_key(f=f, rows=rows, dtype=h.dtype)
+    _autotune.launch_tuned("swiglu", key, candidates(f, h.dtype), run, (out,), h.device, config)
     return out
 
 

@@ -21,8 +21,7 @@ from kopt.passes.by_example import RewritePass, Rule
 from kopt.passes.pipeline import available_passes, default_pipeline
 from kopt.release import WeightsReleasedError
 from kopt.report import Report
-
-__version__ = "0.1.0"
+from kopt.version import __version__
 
 __all__ = [
     "CompileOptions", "Contract", "ContractKind", "EagerFallbackWarning", "FunctionPass", "KoptBackend",

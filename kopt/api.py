@@ -13,68 +13,20 @@ from typing import Any
 
 import torch
 
-from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
-from kopt.config import CompileOptions, Lowering, Role, WeightChange, WeightCheck, mode_options
+from kopt.backend import KoptBackend, make_backend
+from kopt.config import Lowering, Role, WeightChange, WeightCheck
 from kopt.dynamo_cache import compile_isolated
+from kopt.errors import VerificationFailed, WeightsChangedError
 from kopt.fallback import EagerFallbackWarning, note_eager_call, watching
 from kopt.fp8.config import Fp8Config
 from kopt.passes.manager import PassFailed
-from kopt.passes.pipeline import PassSpec, resolve, with_fp8
+from kopt.passes.pipeline import PassSpec
 from kopt.progress import show_progress
 from kopt.regional import KoptRegional, compile_regional
 from kopt.release import WeightsReleasedError
 from kopt.report import Report
 
 log = logging.getLogger("kopt")  # progress at INFO (kopt.progress shows it)
-
-
-def _enum(kind: type, value: Any, argument: str) -> Any:
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except ValueError:
-        choices = [member.value for member in kind]  # type: ignore[attr-defined]
-        raise ValueError(f"{argument}={value!r}: expected one of {choices}") from None
-
-
-def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.INDUCTOR,
-                 verify: bool = False, strict: bool = False,
-                 roles: Mapping[str, Role | str] | None = None,
-                 on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
-                 weight_check: WeightCheck | str = WeightCheck.CHECKSUM,
-                 trace: str | Path | None = None, fuel: int | None = None,
-                 memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
-                 cuda_graphs: bool | None = None, mode: str | None = None, progress: bool | None = None,
-                 check_lowering: bool | None = None, kb: str | Path | bool | None = None) -> KoptBackend:
-    """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
-    from kopt.agent.auto import uses_auto, with_knowledge_base
-
-    auto = uses_auto(passes)
-    if fp8:
-        if fp8 is not True and not isinstance(fp8, Fp8Config):
-            raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
-        from_auto = passes == "auto" or (isinstance(passes, (list, tuple)) and "auto" in passes)
-        passes = with_fp8(resolve(passes), Fp8Config() if fp8 is True else fp8, from_auto=from_auto)
-    passes = with_knowledge_base(passes, kb, auto=auto)  # "auto" + what the agent proved here (kopt.agent.auto)
-    mode = mode or "default"
-    mode_options(mode)  # an unknown mode fails here, not at the first call
-    options = CompileOptions.from_environment(
-        lower=_enum(Lowering, lower, "lower"),
-        verify=verify,
-        strict=strict,
-        roles=tuple((name, _enum(Role, role, f"roles[{name!r}]")) for name, role in (roles or {}).items()),
-        on_weight_change=_enum(WeightChange, on_weight_change, "on_weight_change"),
-        weight_check=_enum(WeightCheck, weight_check, "weight_check"),
-        trace_dir=Path(trace) if trace is not None else None,
-        fuel=fuel,
-        memo_entries=memo_entries,
-        cuda_graphs=cuda_graphs,
-        mode=mode,
-        progress=progress,
-        check_lowering=check_lowering,
-    )
-    return KoptBackend(passes, options)
 
 
 def _argument_names(fn: Callable[..., Any]) -> tuple[str, ...]:

@@ -1,70 +1,33 @@
-"""The dynamo backend: capture → passes → (verify) → lower, once per dynamo graph.
+"""The dynamo backend: a :class:`KoptBackend` compiles each graph dynamo hands it with
+:class:`~kopt.compiled_graph.CompiledGraph`, and keeps the report and options they share.
 
 ``torch.compile(model, backend="kopt")`` reaches :func:`kopt_backend` through the
 ``torch_dynamo_backends`` entry point, without importing kopt first. :func:`kopt.compile` builds a
-:class:`KoptBackend` of its own so that each compiled module has its own report and options.
-
-Weights are frozen while the passes run; afterwards (:mod:`kopt.fx.weights`) the weights no pass
-transformed become inputs of the lowered graph again, read live on every call as with
-``torch.compile``, and the constants the passes derived from weights (merged, quantized, folded,
-and the memoized step-invariant stage) are passed as tensors kopt owns. A
-:class:`~kopt.weight_guard.WeightGuard` watches only the weights those derived values came from;
-on a change the graph follows ``CompileOptions.on_weight_change`` (by default it derives them again
-in place, with no new capture or lowering). A graph called with several modules' weights (repeated
-blocks compiled regionally) keeps derived tensors per module (:mod:`kopt.weight_sets`). When no
-rewrite fired, the original dynamo graph is lowered exactly as plain ``torch.compile`` would, with
-weights as ordinary inputs and no check. On its first call, each graph's passes (``verify=True``) and
-its lowering are judged against a higher-precision reference of the same weights (:mod:`kopt.checks`).
+:class:`KoptBackend` of its own (:func:`make_backend`) so that each compiled module has its own
+report and options.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch._dynamo.exc import RestartAnalysis
 
-from kopt.checks import FirstCall, as_record, check_lowering
-from kopt.config import CompileOptions, Lowering, Role, WeightChange
-from kopt.cuda_graphs import CudaGraphRunner
-from kopt.fx.aliasing import writes_in_place
-from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
-from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
-from kopt.fx.roles import InputRole, classify_inputs
-from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
-from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
-from kopt.fx.weights import WeightBinding, bind_weights
-from kopt.lower import lower
-from kopt.passes.base import Contract, ContractKind, Fuel, Pass
-from kopt.passes.manager import run_passes
+from kopt.compiled_graph import CompiledGraph
+from kopt.config import CompileOptions, Lowering, Role, WeightChange, WeightCheck, mode_options
+from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
+from kopt.fp8.config import Fp8Config
+from kopt.passes.base import Fuel, Pass
 from kopt.passes.pipeline import PassSpec, resolve
-from kopt.passes.staging import HOIST_KEY
-from kopt.progress import first_call_shows_progress, show_progress
-from kopt.release import WeightsReleasedError, check_not_released, read_storages, release_unread_weights
+from kopt.progress import show_progress
+from kopt.release import release_unread_weights
 from kopt.report import GraphReport, Report
-from kopt.verify import compare
-from kopt.weight_sets import WeightSets
 
-log = logging.getLogger("kopt")  # progress of long compiles at INFO (benchmarks/dit.py shows it)
-
-
-class WeightsChangedError(RuntimeError):
-    """Frozen weights changed after compiling and ``on_weight_change=WeightChange.RAISE``."""
-
-
-class VerificationFailed(RuntimeError):
-    """``verify=True`` and ``strict=True``, and the rewritten graph broke a pass's contract."""
-
-
-class LoweringCheckFailed(VerificationFailed):
-    """``strict=True``, and the lowered graph failed its numeric check (:mod:`kopt.checks`)."""
-
-
-_ON_CHANGE = {WeightChange.RECOMPILE: "derive them again in place", WeightChange.RAISE: "raise",
-              WeightChange.IGNORE: "nothing"}
+__all__ = ["KoptBackend", "LoweringCheckFailed", "VerificationFailed", "WeightsChangedError", "kopt_backend",
+           "last_backend_report", "make_backend"]
 
 
 def _graph_breaks() -> dict[str, int]:
@@ -73,328 +36,52 @@ def _graph_breaks() -> dict[str, int]:
     return dict(counters.get("graph_break", {}))
 
 
-class CompiledGraph:
-    """One dynamo graph, compiled; callable with dynamo's argument list."""
-
-    def __init__(self, backend: KoptBackend, dynamo_graph: torch.fx.GraphModule,
-                 example_inputs: list[Any], report: GraphReport) -> None:
-        self.backend, self.dynamo_graph, self.report = backend, dynamo_graph, report
-        self._build(example_inputs, in_dynamo=True)
-
-    def _build(self, example_inputs: list[Any], *, in_dynamo: bool = False) -> None:
-        options = self.backend.options
-        placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
-        roles = classify_inputs(placeholders, example_inputs, dict(options.roles),
-                                self.backend.argument_names)
-        check_not_released(example_inputs, [r.argument or r.source for r in roles])
-        self.constant_inputs = [example_inputs[r.index] for r in roles if r.role is Role.CONSTANT]
-        self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
-                              for r in roles]
-        self.report.passes, self.report.verification, self.report.fallback = [], [], None
-        self.report.lowering_check, self.report.hazards = None, []
-        self.report.memo = None
-        self.report.cuda_graphs = None
-        self.captured: CapturedGraph | None = None
-        self.binding: WeightBinding | None = None
-        self.weights: WeightSets | None = None
-        self.staged: StagedProgram | None = None
-        self.report.weights = {}
-        start = time.perf_counter()
-        log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
-        shape_env = None if in_dynamo else dynamo_shape_env(self.dynamo_graph)
-        guards = len(shape_env.guards) if shape_env is not None else 0
-        rewritten = self._capture_and_rewrite(example_inputs, roles, in_dynamo)
-        self.report.capture_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        self.report.lowering = options.lower.value
-        if options.lower is Lowering.INDUCTOR and options.inductor_options:
-            self.report.lowering += f" ({', '.join(f'{k}={v}' for k, v in options.inductor_options.items())})"
-        log.info("graph %d: captured and rewritten in %.1f s; lowering with %s", self.report.index,
-                 self.report.capture_seconds, options.lower.value)
-        first = FirstCall(self.dynamo_graph, [concrete(value) for value in example_inputs],  # sizes as on this call
-                          {r.index for r in roles if r.role is Role.CONSTANT})
-        if rewritten is not None and self._verified(first, rewritten):
-            try:
-                binding = self._bind_weights(rewritten, example_inputs)
-                self.runner = self._lower_rewritten(rewritten, binding, example_inputs)
-                self.captured, self.binding = rewritten, binding
-                self._watch_weights(example_inputs)
-            except RestartAnalysis:  # dynamo retraces the frame (it specializes a float Inductor met)
-                raise
-            except Exception as error:  # lowering the rewritten graph failed: lower the original
-                if options.strict:
-                    raise
-                self.report.fallback = f"lowering the rewritten graph failed: {type(error).__name__}: {error}"
-        if self.captured is not None and guards_since(shape_env, guards):
-            # captured again after dynamo compiled the frame (a weight change): a size guard added now
-            # would never be checked, so the graph could run at sizes it is wrong for
-            self.captured, self.binding, self.weights = None, None, None
-            self.report.fallback = ("capturing again after a weight change needed new size guards "
-                                    f"({'; '.join(guards_since(shape_env, guards)[:3])}): running the original graph")
-        if self.captured is None:
-            # captured again with symbolic sizes: Inductor outside dynamo would compile for this call's sizes
-            original = self.dynamo_graph.forward if options.lower is Lowering.EAGER or shape_env else None
-            self.runner = original or lower(self.dynamo_graph, example_inputs, options.lower,
-                                            options.inductor_options)
-            if not self.report.fallback:
-                self.report.lowering += " (original graph: no rewrite fired)"
-        if options.checks_lowering:
-            self._check_lowering(first)
-        self.report.compile_seconds = time.perf_counter() - start
-        log.info("graph %d: lowered in %.1f s", self.report.index, self.report.compile_seconds)
-        self.runner = first_call_shows_progress(self.runner, options.progress)  # kernels autotune on it
-        self.generation = self.backend.generation
-
-    def _bind_weights(self, rewritten: CapturedGraph, example_inputs: list[Any]) -> WeightBinding:
-        """Weights become inputs again: module weights read live, derived ones kopt's (kopt.fx.weights)."""
-        graph_module = rewritten.graph_module
-        return bind_weights(graph_module, example_inputs, rewritten.user_indices,
-                            [i for i, _ in rewritten.constants], [r.source for r in rewritten.roles],
-                            self._traced, graph_module.meta.get(HOIST_KEY) or ())
-
-    def _watch_weights(self, example_inputs: list[Any]) -> None:
-        binding, options = self.binding, self.backend.options
-        assert binding is not None
-        self._live_weights = [example_inputs[p] for p in binding.live_positions]
-        check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
-        if binding.sources:
-            self.weights = WeightSets(binding, example_inputs, check)
-        guard = self.weights.guard if self.weights is not None else None
-        self.report.weights = dict(
-            live=len(binding.live_positions), derived=len(binding.derived), watched=len(binding.sources),
-            check="none" if guard is None else options.weight_check.value,
-            watched_bytes=0 if guard is None else guard.watched_bytes,
-            on_change="rebuild" if binding.rebuild_on_change else _ON_CHANGE[options.on_weight_change], sets=1)
-
-    def _lower_rewritten(self, rewritten: CapturedGraph, binding: WeightBinding, example_inputs: list[Any],
-                         lowering: Lowering | None = None) -> Callable[..., Any]:
-        """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier.
-        Lowered without autograd: kopt's graphs are for inference, and weights are now inputs."""
-        with torch.no_grad():
-            return self._lower_stages(rewritten.graph_module, binding.inputs(example_inputs), binding,
-                                      lowering or self.backend.options.lower)
-
-    def _lower_stages(self, graph_module: torch.fx.GraphModule, user_args: list[Any],
-                      binding: WeightBinding, lowering: Lowering) -> Callable[..., Any]:
-        options = self.backend.options
-        frontier = graph_module.meta.get(HOIST_KEY)
-        static = binding.weight_inputs
-        if not frontier:
-            return self._replayed(self._lower(graph_module, user_args, lowering), user_args, static)
-        try:
-            split = split_stages(graph_module, frontier)
-        except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
-            self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(self._lower(graph_module, user_args, lowering), user_args, static)
-        keys = [user_args[i] for i in split.key_positions]
-        hoisted = list(split.invariant(*[concrete(k) for k in keys]))
-        log.info("graph %d: lowering the step-invariant stage", self.report.index)
-        invariant = self._lower(split.invariant, keys, lowering)
-        log.info("graph %d: lowering the per-call stage", self.report.index)
-        main = self._replayed(self._lower(split.main, user_args + hoisted, lowering), user_args + hoisted, static)
-        self.report.memo = MemoStats()
-        self.staged = StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo,
-                                    weight_positions=split.weight_positions)
-        return self.staged
-
-    def _lower(self, graph_module: torch.fx.GraphModule, inputs: list[Any], lowering: Lowering) -> Callable[..., Any]:
-        """``graph_module`` lowered; symbolic graphs with fakes of their symbols (one kernel set for every size)."""
-        return lower(graph_module, lowering_examples(graph_module, inputs), lowering,
-                     self.backend.options.inductor_options)
-
-    def _replayed(self, lowered: Callable[..., Any], inputs: list[Any], static: Sequence[int]) -> Callable[..., Any]:
-        """``lowered`` behind a :class:`CudaGraphRunner` when the options ask for it and the inputs
-        are on a GPU (the per-step stage only: the step-invariant one runs once per timestep);
-        ``static``: the weights among ``inputs``, replayed from their own storage."""
-        on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
-        if not (self.backend.options.use_cuda_graphs and on_gpu):
-            return lowered
-        runner = CudaGraphRunner(lowered, static_inputs=static)
-        self.report.cuda_graphs = runner.stats
-        return runner
-
-    def _capture_and_rewrite(self, example_inputs: list[Any], roles: list[InputRole],
-                             in_dynamo: bool) -> CapturedGraph | None:
-        options = self.backend.options
-        try:
-            captured = capture(self.dynamo_graph, example_inputs, roles, in_dynamo=in_dynamo)
-        except CaptureUnsupported as reason:
-            self.report.fallback = f"capture unsupported: {reason}"
-            return None
-        except RestartAnalysis:  # capture asked dynamo to retrace with the module's floats specialized
-            raise
-        except Exception as error:  # a capture bug must not break the user's model either
-            if options.strict:
-                raise
-            self.report.fallback = f"capture failed: {type(error).__name__}: {error}"
-            return None
-        self._traced = {str(n.target) for n in captured.graph_module.graph.nodes if n.op == "get_attr"}
-        self.report.hazards = self._hazards(captured, example_inputs)
-        self.report.passes = run_passes(captured.graph_module, self.backend.passes,
-                                        graph_index=self.report.index, strict=options.strict,
-                                        fuel=self.backend.fuel, trace_dir=options.trace_dir)
-        fired = any(record.total_matches for record in self.report.passes)
-        return captured if fired else None
-
-    def _hazards(self, captured: CapturedGraph, example_inputs: list[Any]) -> list[PrecisionHazard]:
-        """Precision hazards of the captured graph, before any pass (an analysis never breaks a model)."""
-        try:
-            return find_precision_hazards(captured.graph_module, captured.user_args(example_inputs))
-        except Exception as error:  # noqa: BLE001
-            if self.backend.options.strict:
-                raise
-            log.warning("graph %d: precision hazard analysis failed: %s: %s", self.report.index,
-                        type(error).__name__, error)
-            return []
-
-    def _verified(self, first: FirstCall, rewritten: CapturedGraph) -> bool:
-        """Each output of the rewritten graph (run as FX) within the contracts of the passes that fired,
-        judged against the higher-precision reference with eager beside it (:mod:`kopt.verify`)."""
-        options = self.backend.options
-        if not options.verify:
-            return True
-        contract = Contract.exact()
-        for record, rewrite in zip(self.report.passes, self.backend.passes, strict=True):
-            if record.total_matches:
-                contract = contract.combine(rewrite.contract)
-        # a bit-identity check needs no reference; computed anyway when the lowering check needs it
-        needs_reference = contract.kind is not ContractKind.EXACT or options.checks_lowering
-        reference = first.reference if needs_reference else None
-        candidate = first.op_by_op(rewritten.graph_module, rewritten.user_args(first.inputs))
-        checks = compare(candidate, first.eager, contract, reference=reference, undefined=first.undefined)
-        self.report.verification = [as_record(c) for c in checks]
-        self.report.reference_unavailable = first.unavailable
-        failed = [c for c in checks if not c.ok]
-        if not failed:
-            return True
-        self.report.fallback = (f"verification failed against contract {contract.describe()}: "
-                                + "; ".join(f"output {c.output}: {c.verdict}" for c in failed))
-        if options.strict:
-            raise VerificationFailed(self.report.fallback)
-        return False
-
-    def _check_lowering(self, first: FirstCall) -> None:
-        """The lowered graph against the reference on the first call's inputs (:mod:`kopt.checks`);
-        on a failure, run the same graph as FX (``strict``: raise :class:`LoweringCheckFailed`).
-
-        Why FX and not the original graph lowered: the check failed in the lowering, not in the
-        passes (``verify=True`` judges those separately), so the rewritten graph run op by op keeps
-        kopt's rewrites and its memo, and lowering the original graph would trust the same lowering.
-        """
-        options = self.backend.options
-        writes = writes_in_place(self.dynamo_graph)
-        captured, binding = self.captured, self.binding
-        if captured is not None and binding is not None:
-            args = binding.inputs(first.inputs)  # the rewritten graph takes its weights as inputs now
-            check = check_lowering(first, lambda *a: self._run(first.inputs), args,
-                                   lambda: first.op_by_op(captured.graph_module, args), options.lower.value,
-                                   writes_in_place=writes)
-        else:
-            check = check_lowering(first, self.runner, first.inputs, lambda: first.eager, options.lower.value,
-                                   writes_in_place=writes)
-        self.report.lowering_check = check
-        self.report.reference_unavailable = first.unavailable
-        if check.ok:
-            return
-        reason = f"the graph lowered by {options.lower.value} failed its numeric check: " + "; ".join(
-            f"output {c['output']}: {c['verdict']}" for c in check.outputs if not c["ok"])
-        if options.strict:
-            raise LoweringCheckFailed(reason)
-        if captured is not None and binding is not None:
-            self.runner = self._lower_rewritten(captured, binding, first.inputs, Lowering.EAGER)
-            check.fallback = "the rewritten graph runs as FX (op by op)"
-        else:
-            self.runner = self.dynamo_graph.forward
-            check.fallback = "the original graph runs op by op"
-        self.report.lowering = f"eager (fallback: {options.lower.value} failed the lowering check)"
-        log.warning("graph %d: %s; %s", self.report.index, reason, check.fallback)
-
-    def read_storages(self) -> set[int]:
-        """Storages of the weights this graph reads: its rewritten graph's constants and the module
-        weights it reads live, or all of its constant inputs when it runs the original graph."""
-        if self.captured is not None and self.binding is not None:
-            live = {t.untyped_storage().data_ptr() for t in self._live_weights if t.device.type != "meta"}
-            return read_storages(self.captured.graph_module) | live
-        return {t.untyped_storage().data_ptr() for t in self.constant_inputs
-                if isinstance(t, torch.Tensor) and t.device.type != "meta"}
-
-    def forget_released(self) -> None:
-        """Stop checking released weights for changes (they are no longer read, and have no bytes)."""
-        if self.weights is not None:
-            self.weights.forget_released()
-            guard = self.weights.guard
-            self.report.weights["watched_bytes"] = 0 if guard is None else guard.watched_bytes
-
-    def _weights_changed(self, args: Sequence[Any], changed: list[int]) -> None:
-        """A weight behind a derived value changed: derive again in place (or raise, or rebuild)."""
-        assert self.binding is not None and self.weights is not None and self.weights.guard is not None
-        if self.backend.options.on_weight_change is WeightChange.RAISE:
-            raise WeightsChangedError(
-                "weights that kopt derived constants from changed after compiling; call "
-                "module.kopt_refresh() or compile with on_weight_change=WeightChange.RECOMPILE")
-        if self.binding.rebuild_on_change:
-            self.report.weight_refreshes += 1
-            with show_progress(self.backend.options.progress):
-                self._build(list(args))
-            return
-        try:
-            self.binding.rederive(args, changed)
-        except WeightsReleasedError:
-            raise
-        except Exception as error:  # e.g. a weight changed shape behind dynamo's back: start over
-            log.warning("graph %d: re-deriving constants failed (%s); rebuilding", self.report.index, error)
-            self.report.weight_refreshes += 1
-            with show_progress(self.backend.options.progress):
-                self._build(list(args))
-            return
-        if self.staged is not None:
-            self.staged.clear()
-        self.weights.guard.snapshot(args)
-        self.report.weight_rederivations += 1
-
-    def dispose(self) -> None:
-        """Drop the compiled graph and everything it holds (frozen and derived weights)."""
-        self.runner, self.captured, self.binding, self.weights, self.staged = _discarded, None, None, None, None
-        self.constant_inputs = []
-        self.dynamo_graph = None  # type: ignore[assignment]
-
-    def __call__(self, *args: Any) -> Any:
-        self.backend.graph_calls += 1  # kopt.fallback: a call of the module that ran no graph ran eagerly
-        if self.generation != self.backend.generation:  # kopt_refresh(): capture and lower again
-            self.report.weight_refreshes += 1
-            with show_progress(self.backend.options.progress):
-                self._build(list(args))
-        if self.weights is None:
-            return self._run(args)
-        if self.weights.select(args):  # another module's weights (a repeated block): its derived tensors
-            self.report.weights["sets"] = self.weights.count
-            if self.staged is not None:
-                self.staged.clear()
-        guard = self.weights.guard
-        if guard is None:
-            return self._run(args)
-        checks = guard.start(args)
-        if all(check.ready for check in checks):  # versions, storages, CPU checksums: known before running
-            changed = [p for check in checks for p in check.changed()]
-            if changed:
-                self._weights_changed(args, changed)
-            return self._run(args)
-        out = self._run(args)  # runs beside the GPU checksum; discarded if a weight turns out changed
-        changed = [p for check in checks for p in check.changed()]
-        if not changed:
-            return out
-        self._weights_changed(args, changed)
-        return self._run(args)
-
-    def _run(self, args: Sequence[Any]) -> Any:
-        if self.binding is None:
-            return self.runner(*args)
-        with torch.no_grad():
-            return self.runner(*self.binding.inputs(args))
+def _enum(kind: type, value: Any, argument: str) -> Any:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = [member.value for member in kind]  # type: ignore[attr-defined]
+        raise ValueError(f"{argument}={value!r}: expected one of {choices}") from None
 
 
-def _discarded(*args: Any) -> Any:
-    raise RuntimeError("kopt: this graph belongs to a kopt.compile'd module that was garbage-collected")
+def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.INDUCTOR,
+                 verify: bool = False, strict: bool = False,
+                 roles: Mapping[str, Role | str] | None = None,
+                 on_weight_change: WeightChange | str = WeightChange.RECOMPILE,
+                 weight_check: WeightCheck | str = WeightCheck.CHECKSUM,
+                 trace: str | Path | None = None, fuel: int | None = None,
+                 memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
+                 cuda_graphs: bool | None = None, mode: str | None = None, progress: bool | None = None,
+                 check_lowering: bool | None = None, kb: str | Path | bool | None = None) -> KoptBackend:
+    """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
+    from kopt.agent.auto import uses_auto, with_knowledge_base
+
+    auto = uses_auto(passes)
+    if fp8:
+        if fp8 is not True and not isinstance(fp8, Fp8Config):
+            raise TypeError(f"fp8 must be a kopt.fp8.Fp8Config, True or None, got {type(fp8).__name__}")
+        passes = resolve(passes, Fp8Config() if fp8 is True else fp8)
+    passes = with_knowledge_base(passes, kb, auto=auto)  # "auto" + what the agent proved here (kopt.agent.auto)
+    mode = mode or "default"
+    mode_options(mode)  # an unknown mode fails here, not at the first call
+    options = CompileOptions.from_environment(
+        lower=_enum(Lowering, lower, "lower"),
+        verify=verify,
+        strict=strict,
+        roles=tuple((name, _enum(Role, role, f"roles[{name!r}]")) for name, role in (roles or {}).items()),
+        on_weight_change=_enum(WeightChange, on_weight_change, "on_weight_change"),
+        weight_check=_enum(WeightCheck, weight_check, "weight_check"),
+        trace_dir=Path(trace) if trace is not None else None,
+        fuel=fuel,
+        memo_entries=memo_entries,
+        cuda_graphs=cuda_graphs,
+        mode=mode,
+        progress=progress,
+        check_lowering=check_lowering,
+    )
+    return KoptBackend(passes, options)
 
 
 class KoptBackend:
@@ -472,8 +159,6 @@ def kopt_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any],
     key = repr(sorted(settings.items()))
     backend = _ENTRY_POINT_BACKENDS.get(key)
     if backend is None:
-        from kopt.api import make_backend
-
         try:
             backend = make_backend(**settings)
         except TypeError as error:  # an option kopt does not have: say which ones it has

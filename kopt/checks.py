@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from kopt.reference import ReferenceUnavailable, run_reference
 from kopt.fx.aliasing import uninitialized_outputs
+from kopt.reference import ReferenceUnavailable, run_reference
 from kopt.verify import LoweringRule, OutputCheck, compare
 
 log = logging.getLogger("kopt")

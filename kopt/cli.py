@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+from kopt.cli_args import workload_argument
 from kopt.passes.pipeline import default_pipeline, opt_in_passes
 
 
@@ -34,20 +34,6 @@ def _passes(spec: str) -> str | list[str]:
     return passes
 
 
-def _workload(name: str) -> str:
-    """A built-in workload name, or ``module:factory`` importable from the current folder (as with
-    ``python -m``: the ``kopt`` script's own folder is on the path, the user's is not)."""
-    from kopt.workloads import get_workload
-
-    if ":" in name and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        get_workload(name)
-    except (KeyError, ImportError, AttributeError, TypeError) as error:
-        raise SystemExit(f"kopt: {error}") from None
-    return name
-
-
 def _fp8(args: argparse.Namespace) -> object:
     """The ``--fp8`` / ``--fp8-attention`` options as an Fp8Config (None without ``--fp8``). Tiny models
     have 64-wide layers, all quantized, so they get a looser gate (0.99 cosine, 18 dB)."""
@@ -72,7 +58,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise SystemExit(f"kopt: {error}") from None
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    result = explain(_workload(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes),
+    result = explain(workload_argument(args.workload), size=args.size, lower=args.lower, passes=_passes(args.passes),
                      fp8=_fp8(args), progress=args.progress, dtype=dtypes[args.dtype] if args.dtype else None)
     if args.json:
         print(json.dumps({**result, "report": result["report"].to_dict()}, indent=1, default=str))
@@ -89,7 +75,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"the CPU, lowered with {args.lower}. CPU times are a sanity figure, not a benchmark.\n")
     lines = []
     for name in args.models.split(","):
-        result = explain(_workload(name), lower=args.lower, passes=_passes(args.passes), progress=args.progress)
+        result = explain(workload_argument(name), lower=args.lower, passes=_passes(args.passes), progress=args.progress)
         print(f"=== {name} ===")
         print(result["report"])
         print()

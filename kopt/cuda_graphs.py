@@ -1,7 +1,7 @@
 """Replay a lowered graph from a CUDA graph: one launch per call instead of one per kernel.
 
 A rewritten DiT forward still launches ~700–1800 kernels; from Python each launch costs host time,
-and on Qwen-Image the host falls 10–40 ms behind the GPU per forward (``median − kernels`` in the
+and the host can fall tens of milliseconds behind the GPU per forward (``median − kernels`` in the
 benchmark's breakdown). :class:`CudaGraphRunner` records the lowered callable once per input
 signature (shapes, dtypes, devices, non-tensor values) and afterwards copies the call's tensors
 into the recorded input buffers and replays.

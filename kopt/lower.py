@@ -59,9 +59,8 @@ def shallow_operator_messages() -> Iterator[None]:
     an op type first seen after the last block grows exponentially with depth. Qwen-Image's last block
     boundary is the only non-quantizing ``gated_residual`` (its output projection stays bf16; the
     tiny model with the same FP8 choices lowers it as the last new op type), after 60 blocks of fused
-    kernels: lowering sat in this text for over 400 s on the H200 (``benchmarks/results/NOTES.md``,
-    session 7). Naming each buffer keeps the message's content for a reader (op, arguments' names and
-    sizes) at a constant cost.
+    kernels: lowering can spend minutes building this text. Naming each buffer keeps the message's
+    content for a reader (op, arguments' names and sizes) at a constant cost.
 
     Applied only where the text is built (:func:`operator_messages_are_built`): on torch >= 2.13 with
     Inductor's INFO log off, torch's own ``operator_str`` is left alone because nothing calls it.

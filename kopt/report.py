@@ -127,6 +127,9 @@ def render(report: Report, max_near_misses: int = 5) -> str:
         lines.append(f"  inputs: {constants} constant (parameters/buffers)")
         for role, names in roles.items():
             lines.append(f"  inputs {role}: " + ", ".join(names))
+        unclassified = [entry["argument"] for entry in graph.inputs if entry["reason"].startswith("UNCLASSIFIED")]
+        if unclassified:
+            lines.append("  UNCLASSIFIED inputs (kept per-call, nothing they feed hoisted): " + ", ".join(unclassified))
         if graph.fallback:
             lines.append(f"  FALLBACK to the original graph: {graph.fallback}")
         if graph.hazards:

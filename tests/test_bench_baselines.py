@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.graph_replay import ReplayedForward
-from benchmarks.summary import best_baselines, summary_rows
-from benchmarks.variants import Setup, select
+from benchmarks.dit.graph_replay import ReplayedForward
+from benchmarks.dit.summary import best_baselines, summary_rows
+from benchmarks.dit.variants import Setup, select
 
 
 def _row(variant: str, ms: float, replay: str | None = None, call: str = "forward") -> dict:
@@ -77,7 +77,7 @@ def test_a_compiled_forward_is_replayed_from_one_graph_with_fresh_inputs() -> No
 
 
 def test_setup_is_unchanged_by_the_replay_variant_on_cpu() -> None:
-    from benchmarks.variants import Prepared, _replayed
+    from benchmarks.dit.variants import Prepared, _replayed
 
     prepared = _replayed(Prepared(lambda **kw: kw), Setup("tiny", torch.device("cpu"), torch.float32))
     assert prepared.replay is not None and prepared.replay() == "not replayed: CPU"

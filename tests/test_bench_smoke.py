@@ -16,18 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.breakdown import classify, forward_timeline
-from benchmarks.fp8_baseline import RowwiseFp8Linear, quantize_linears, set_fast_accum
-from benchmarks.variants import select
+from benchmarks.dit.breakdown import classify, forward_timeline
+from benchmarks.dit.fp8_baseline import RowwiseFp8Linear, quantize_linears, set_fast_accum
+from benchmarks.dit.variants import select
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = ("eager", "kopt-eager", "fp8-eager")
 
 
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, str(REPO / "benchmarks" / "dit.py"), "--size", "tiny", "--device", "cpu",
+    command = [sys.executable, str(REPO / "benchmarks" / "dit" / "dit.py"), "--size", "tiny", "--device", "cpu",
                "--variants", ",".join(VARIANTS), "--repeats", "1", "--warmup", "0",
                "--profile-forwards", "1", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -89,7 +90,7 @@ def test_rows_and_tables_carry_errors_against_the_reference_and_against_eager(ti
                             for key in ("rel_err", "cosine", "rel_err_vs_eager", "cosine_vs_eager"))
     for info in tiny_results["per_model"].values():
         assert info["reference"]["dtype"] == "float64" and info["eager_vs_reference"]["rel_err"] > 0
-    from benchmarks.results_io import render_markdown, rows_table, short_table
+    from benchmarks.dit.results_io import render_markdown, rows_table, short_table
 
     assert "| rel err | cosine | rel err vs eager | cosine vs eager |" in rows_table(tiny_results["rows"])
     assert "rel err vs eager" in short_table(tiny_results["rows"])
@@ -100,7 +101,7 @@ def test_a_flux1_workload_gets_rows_against_an_fp64_reference(tmp_path: Path) ->
     """``--models`` takes a workload by ``module:factory`` (the zoo's ``flux1`` goes the same way): in bf16
     with guidance 3.5, eager's own row is 1e-2 off the reference and kopt's rows carry both numbers."""
     workload = "tests.tiny_flux1:workload"
-    command = [sys.executable, str(REPO / "benchmarks" / "dit.py"), "--size", "tiny", "--device", "cpu",
+    command = [sys.executable, str(REPO / "benchmarks" / "dit" / "dit.py"), "--size", "tiny", "--device", "cpu",
                "--dtype", "bf16", "--models", workload, "--variants", "eager,kopt-eager", "--repeats", "1",
                "--warmup", "0", "--profile-forwards", "0", "--out", str(tmp_path)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -181,7 +182,7 @@ def test_model_mutating_variants_run_last() -> None:
 
 def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():
     """Timed calls walk through distinct timestep values (bf16), so a memo cannot hit across steps."""
-    from benchmarks.dit import stepping_cfg_pair, stepping_forward
+    from benchmarks.dit.dit import stepping_cfg_pair, stepping_forward
     from kopt.workloads import get_workload
 
     seen = []
@@ -201,8 +202,8 @@ def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():
 
 
 def test_kernel_benchmark_smoke(tmp_path):
-    """benchmarks/kernels.py runs every kernel (interpreter on the CPU) and reports its error."""
-    from benchmarks.kernels import run
+    """benchmarks/micro/kernels.py runs every kernel (interpreter on the CPU) and reports its error."""
+    from benchmarks.micro.kernels import run
 
     rows = run("tiny", tmp_path)
     fp8_outputs = {"activation_quant", "adaln_modulation_quant", "gated_residual_quant"}
@@ -219,10 +220,10 @@ def test_kernel_benchmark_smoke(tmp_path):
 
 
 def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
-    """benchmarks/fp8_gemm.py (every granularity) and benchmarks/attention.py run and report errors."""
+    """benchmarks/micro/fp8_gemm.py (every granularity) and benchmarks/micro/attention.py run and report errors."""
     import torch as _torch
 
-    from benchmarks import attention, fp8_gemm
+    from benchmarks.micro import attention, fp8_gemm
 
     cpu = _torch.device("cpu")
     gemm_rows = fp8_gemm.run(fp8_gemm.TINY, cpu)
@@ -238,36 +239,33 @@ def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
 
 
 def test_floor_report_reads_a_saved_run():
-    """benchmarks/floor.py on a committed H200 result: the floor the notes quote (77.8 ms on Qwen-Image)."""
+    """benchmarks/dit/floor.py on the committed H200 result the README cites (Qwen-Image ``s7d``): the floor,
+    kopt's distance above it, and the idle time between kernels per launch that it quotes."""
     import json
 
-    from benchmarks.floor import report
+    from benchmarks.dit.floor import report
 
-    results = json.loads((REPO / "benchmarks/results/dit-full-qwen-image-s3e.json").read_text())
-    text = report(results, 1420.0, 3)
-    assert "= 77.8 ms" in text and "| kopt-fp8-attn | forward | 109.67 |" in text
-    # a run with per-forward timelines: GPU idle between kernels per launch (8.20 ms over 1784 launches)
-    newer = report(json.loads((REPO / "benchmarks/results/dit-full-qwen-image-s4e.json").read_text()), 1420.0, 3)
-    assert "= 78.6 ms" in newer and "| kopt-fp8-attn | forward | 107.51 | 28.9 |" in newer
-    assert "| 6.73 | 4.6 |" in newer
+    text = report(json.loads((RESULTS / "dit-full-qwen-image-s7d.json").read_text()), 1420.0, 3)
+    assert "= 78.6 ms" in text and "| kopt-fp8-attn | forward | 92.47 | 13.9 |" in text
+    assert "| 14.54 | 5.04 | 5.1 |" in text
 
 
 def test_clocks_summary_reads_both_nvidia_smi_logs(capsys):
-    """benchmarks/clocks.py on committed logs: per-row clocks from a timestamped log with its dit.py log,
-    the busy-sample summary from a log without timestamps (the numbers the README quotes)."""
-    from benchmarks import clocks
+    """benchmarks/tools/clocks.py on committed logs: per-row clocks from a timestamped log with its dit.py log,
+    the busy-sample summary alone (the numbers the README quotes)."""
+    from benchmarks.tools import clocks
 
-    results = REPO / "benchmarks/results"
-    assert clocks.main([str(results / "smi-i5.csv"), str(results / "log-flux2-i5.txt"), "--gpu", "1"]) == 0
+    assert clocks.main([str(RESULTS / "smi-s7d.csv"), str(RESULTS / "log-qwen-image-s7d.txt"), "--gpu", "0"]) == 0
     timed = capsys.readouterr().out
-    assert "| row | median ms |" in timed and "busy samples (> 300 W): 127" in timed
-    assert clocks.main([str(results / "smi-s4as4b.csv"), "--gpu", "1", "--busy-watts", "600"]) == 0
-    untimed = capsys.readouterr().out
-    assert "| row |" not in untimed and "SM clock p10/p50/p90 1425/1515/1680 MHz" in untimed
+    assert "| row | median ms |" in timed and "| kopt-fp8-attn forward | 92.47 |" in timed
+    assert "busy samples (> 300 W): 16" in timed
+    assert clocks.main([str(RESULTS / "smi-s6gs6h.csv"), "--gpu", "1", "--busy-watts", "600"]) == 0
+    busy = capsys.readouterr().out
+    assert "SM clock p10/p50/p90 1410/1485/1665 MHz" in busy
 
 
 def test_sass_counts_compile_for_sm90_on_the_cpu():
-    """benchmarks/sass.py reproduces the counts the kernel docstrings quote: the PTX forms cost fewer
+    """benchmarks/tools/sass.py reproduces the counts the kernel docstrings quote: the PTX forms cost fewer
     instructions per value than plain Triton math, and register chunks fewer than one block; the
     register-chunk kernel fits two programs per SM; qk_norm_rope's one-token programs load less.
     (A subprocess: the tests run Triton's interpreter, which compiles nothing.)"""
@@ -275,7 +273,7 @@ def test_sass_counts_compile_for_sm90_on_the_cpu():
 
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "sass.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "tools" / "sass.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                          check=True, timeout=600).stdout
     per_value_table, resource_table = out.split("\n\n")
@@ -301,8 +299,8 @@ def test_sass_counts_compile_for_sm90_on_the_cpu():
 
 
 def test_compile_time_reports_each_pass(capsys):
-    """benchmarks/compile_time.py times kopt.compile of a deep, tiny-width Qwen-Image per pass."""
-    from benchmarks import compile_time
+    """benchmarks/dit/compile_time.py times kopt.compile of a deep, tiny-width Qwen-Image per pass."""
+    from benchmarks.dit import compile_time
 
     assert compile_time.main(["--blocks", "2"]) == 0
     out = capsys.readouterr().out
@@ -313,7 +311,7 @@ def test_compile_time_reports_each_pass(capsys):
 
 
 def test_stall_probe_reports_state_and_makes_the_process_print_its_stack(tmp_path):
-    """benchmarks/stall_probe.sh samples a running process until it exits: its state and wait channel
+    """benchmarks/tools/stall_probe.sh samples a running process until it exits: its state and wait channel
     (ps), and a SIGUSR1 that a process with faulthandler registered (as dit.py has) answers with its stack."""
     child = tmp_path / "child.py"
     child.write_text("import faulthandler, signal, sys, time\n"
@@ -325,7 +323,8 @@ def test_stall_probe_reports_state_and_makes_the_process_print_its_stack(tmp_pat
     with stderr.open("w") as err:
         process = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=err, text=True)
         assert process.stdout.readline().strip() == "ready"
-        probe = subprocess.run(["bash", str(REPO / "benchmarks" / "stall_probe.sh"), str(process.pid), "0", "1"],
+        probe_script = REPO / "benchmarks" / "tools" / "stall_probe.sh"
+        probe = subprocess.run(["bash", str(probe_script), str(process.pid), "0", "1"],
                                capture_output=True, text=True, timeout=60)
         assert process.wait(timeout=30) == 0  # the signal printed a stack, it did not end the process
     assert probe.returncode == 0, probe.stderr

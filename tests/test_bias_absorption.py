@@ -6,7 +6,7 @@ import torch
 
 import kopt
 from kopt.fx.capture import trace_function
-from kopt.passes.bias_absorption import BiasAbsorption
+from kopt.passes.graph.bias_absorption import BiasAbsorption
 from kopt.passes.manager import run_passes
 from kopt.workloads import get_workload
 from tests.conftest import rel_err

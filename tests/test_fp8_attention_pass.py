@@ -8,7 +8,7 @@ import torch
 
 import kopt
 from kopt.fp8 import Fp8Config, QualityGate, measure
-from kopt.passes.pipeline import resolve, with_fp8
+from kopt.passes.pipeline import resolve
 from tests.conftest import rel_err, tiny_model_and_inputs
 
 TINY_GATE = QualityGate(min_cosine=0.99, min_sqnr_db=18.0)
@@ -50,8 +50,8 @@ def test_qwen_image_mask_is_skipped_on_the_image_keys():
 
 
 def test_pipeline_adds_the_pass_only_when_asked():
-    assert "fp8-attention" not in [p.name for p in with_fp8(resolve("auto"), Fp8Config())]
-    names = [p.name for p in with_fp8(resolve("auto"), Fp8Config(attention=True))]
+    assert "fp8-attention" not in [p.name for p in resolve("auto", Fp8Config())]
+    names = [p.name for p in resolve("auto", Fp8Config(attention=True))]
     assert (names.index("fp8-attention") + 2 == names.index("fuse-attention-output-quant") + 1
             == names.index("fp8-gemv") == names.index("staging") - 1)
 

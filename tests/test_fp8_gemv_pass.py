@@ -60,11 +60,11 @@ def test_more_rows_than_a_gemv_takes_are_not_candidates():
 
 def test_auto_with_row_scales_runs_it_last_before_staging_and_through_inductor():
     """``fp8=...`` on ``"auto"`` adds fp8-gemv right before staging; the op survives Inductor's lowering."""
-    from kopt.passes.pipeline import resolve, with_fp8
+    from kopt.passes.pipeline import resolve
 
-    names = [p.name for p in with_fp8(resolve("auto"), CONFIG)]
+    names = [p.name for p in resolve("auto", CONFIG)]
     assert names.index("fp8-gemv") + 1 == names.index("staging")
-    assert "fp8-gemv" not in [p.name for p in with_fp8(resolve("auto"), Fp8Config(granularity="tensor"))]
+    assert "fp8-gemv" not in [p.name for p in resolve("auto", Fp8Config(granularity="tensor"))]
     model, x = _model_and_input(1, seed=3)
     (large, _), compiled = _run(model, x, "auto", lower="inductor")
     assert compiled.kopt_report.matches("fp8-gemv") == 1

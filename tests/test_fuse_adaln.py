@@ -6,7 +6,7 @@ import torch
 
 import kopt
 from kopt.fx.capture import trace_function
-from kopt.passes.fuse_adaln import FuseAdaLN
+from kopt.passes.fuse.adaln import FuseAdaLN
 from kopt.passes.manager import run_passes
 from tests.conftest import rel_err
 

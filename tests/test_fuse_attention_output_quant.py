@@ -1,7 +1,7 @@
 """The fuse-attention-output-quant pass: the attention kernel writes FP8 for the FP8 projections after
 it (the tiny Qwen-Image's text and image projections, a split sequence), within the quality gate and
 close to the unfused FP8 graph; a bf16 reader of the output keeps it unfused, with the reason; where
-``with_fp8`` puts the pass."""
+``fp8_pipeline`` puts the pass."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 import kopt
 from kopt.fp8 import Fp8Config, Granularity, QualityGate, measure
-from kopt.passes.pipeline import resolve, with_fp8
+from kopt.passes.pipeline import resolve
 from tests.conftest import rel_err, tiny_model_and_inputs
 
 TINY_GATE = QualityGate(min_cosine=0.99, min_sqnr_db=18.0)
@@ -25,7 +25,7 @@ def _targets(compiled: kopt.KoptModule) -> list[object]:
 def test_tiny_qwen_image_attention_writes_fp8_for_both_projections():
     _, model, inputs = tiny_model_and_inputs("qwen-image", seed=41, dtype=torch.bfloat16)
     config = Fp8Config(min_features=16, gate=TINY_GATE, attention=True)
-    unfused = kopt.compile(model, passes=[p for p in with_fp8(resolve("auto"), config) if p.name != NAME],
+    unfused = kopt.compile(model, passes=[p for p in resolve("auto", config) if p.name != NAME],
                            lower="eager")
     fused = kopt.compile(model, fp8=config, lower="eager", verify=True, strict=True)
     with torch.no_grad():
@@ -82,9 +82,9 @@ def test_a_bf16_reader_keeps_the_bf16_output():
 
 
 def test_pipeline_places_it_after_fp8_attention_with_row_scales_only():
-    names = [p.name for p in with_fp8(resolve("auto"), Fp8Config(attention=True))]
+    names = [p.name for p in resolve("auto", Fp8Config(attention=True))]
     assert (names.index("fp8-attention") + 1 == names.index(NAME) == names.index("fp8-gemv") - 1
             == names.index("staging") - 2)
-    block = with_fp8(resolve("auto"), Fp8Config(attention=True, granularity=Granularity.BLOCK_1X128))
+    block = resolve("auto", Fp8Config(attention=True, granularity=Granularity.BLOCK_1X128))
     assert NAME not in [p.name for p in block]
-    assert NAME not in [p.name for p in with_fp8(resolve("auto"), Fp8Config())]
+    assert NAME not in [p.name for p in resolve("auto", Fp8Config())]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kopt.fx.capture import trace_function
-from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
+from kopt.passes.fuse.joint_attention_input import FuseJointAttentionInput
 from kopt.passes.manager import run_passes
 from tests.conftest import compile_close_to_eager
 

@@ -9,7 +9,7 @@ from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb
 
 import kopt
 from kopt.fx.capture import trace_function
-from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
+from kopt.passes.fuse.qk_norm_rope import FuseQKNormRope
 from kopt.passes.manager import run_passes
 from kopt.workloads import get_workload
 from tests.conftest import compile_close_to_eager, rel_err

@@ -11,7 +11,7 @@ from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embe
 
 from kopt.fx.capture import trace_function
 from kopt.fx.graph_utils import refresh_meta
-from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
+from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
 from kopt.passes.manager import run_passes
 from tests.conftest import compile_close_to_eager, rel_err
 

@@ -1,4 +1,4 @@
-"""kopt.passes.key_mask_window: the keys where an attention mask may be nonzero, read from the graph
+"""kopt.fx.match.key_mask_window: the keys where an attention mask may be nonzero, read from the graph
 that builds it (Qwen-Image's joint text + image mask, masks built other ways, and masks it must not
 claim to understand)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kopt.passes.key_mask_window import UNKNOWN, bias_window, key_runs
+from kopt.fx.match.key_mask_window import UNKNOWN, bias_window, key_runs
 
 TEXT, IMAGE = 7, 64
 NEG = float("-inf")

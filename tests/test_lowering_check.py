@@ -14,8 +14,8 @@ import torch.utils._pytree as pytree
 
 import kopt
 import kopt.backend
-from kopt.fx.aliasing import writes_in_place
 from kopt.config import Lowering
+from kopt.fx.aliasing import writes_in_place
 from kopt.lower import lower as real_lower
 from kopt.verify import relative_error
 from tests import tiny_flux1
@@ -59,7 +59,7 @@ def test_a_broken_lowering_is_caught_and_the_graph_runs_as_fx(monkeypatch, broke
     with torch.no_grad():
         as_fx = kopt.compile(model, lower="eager")(**inputs)[0]
     torch._dynamo.reset()
-    monkeypatch.setattr(kopt.backend, "lower", broken)
+    monkeypatch.setattr(kopt.compiled_graph, "lower", broken)
     compiled = kopt.compile(model)  # lower="inductor": checked by default
     with torch.no_grad():
         output = compiled(**inputs)[0]
@@ -80,7 +80,7 @@ def test_a_broken_lowering_is_caught_and_the_graph_runs_as_fx(monkeypatch, broke
 def test_a_broken_lowering_of_the_original_graph_runs_it_op_by_op(monkeypatch):
     """No rewrite fired (``passes=[]``): the original graph's lowering is checked too."""
     _workload, model, inputs = tiny_model_and_inputs("qwen-image", seed=8)
-    monkeypatch.setattr(kopt.backend, "lower", _perturbing)
+    monkeypatch.setattr(kopt.compiled_graph, "lower", _perturbing)
     compiled = kopt.compile(model, passes=[])
     with torch.no_grad():
         assert torch.equal(compiled(**inputs)[0], model(**inputs)[0])
@@ -89,7 +89,7 @@ def test_a_broken_lowering_of_the_original_graph_runs_it_op_by_op(monkeypatch):
 
 def test_a_broken_lowering_raises_under_strict(monkeypatch):
     _workload, model, inputs = tiny_model_and_inputs("flux2", seed=9)
-    monkeypatch.setattr(kopt.backend, "lower", _perturbing)
+    monkeypatch.setattr(kopt.compiled_graph, "lower", _perturbing)
     compiled = kopt.compile(model, strict=True)
     with torch.no_grad(), pytest.raises(kopt.LoweringCheckFailed, match="failed its numeric check"):
         compiled(**inputs)
@@ -99,7 +99,7 @@ def test_the_check_can_be_turned_off_and_never_runs_for_fx(monkeypatch):
     """``check_lowering=False`` trusts the lowering (the broken one goes through, as it would without
     the check); ``lower="eager"`` has no lowering to check."""
     _workload, model, inputs = tiny_model_and_inputs("flux2", seed=10)
-    monkeypatch.setattr(kopt.backend, "lower", _perturbing)
+    monkeypatch.setattr(kopt.compiled_graph, "lower", _perturbing)
     unchecked = kopt.compile(model, check_lowering=False)
     with torch.no_grad():
         assert rel_err(unchecked(**inputs)[0], model(**inputs)[0]) > 5e-5
@@ -124,7 +124,7 @@ def test_a_graph_writing_in_place_is_not_rerun_by_the_check(monkeypatch):
             self.calls.add_(1)
             return self.linear(x) + self.linear(x)
 
-    monkeypatch.setattr(kopt.backend, "lower", _perturbing)
+    monkeypatch.setattr(kopt.compiled_graph, "lower", _perturbing)
     counts = []
     for check_lowering in (False, True):
         torch._dynamo.reset()

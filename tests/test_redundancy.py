@@ -9,8 +9,8 @@ from hypothesis import given, settings
 import kopt
 from kopt.fx.capture import trace_function
 from kopt.passes.base import PassContext
+from kopt.passes.graph.redundancy import RedundancyElimination
 from kopt.passes.manager import run_passes
-from kopt.passes.redundancy import RedundancyElimination
 
 
 def test_fires_on_tiny_dits_and_stays_bit_identical(tiny_dit):

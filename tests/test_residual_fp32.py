@@ -8,11 +8,11 @@ import torch
 import kopt
 from kopt.fp8.config import Fp8Config
 from kopt.fx.capture import trace_function
-from kopt.passes.fuse_adaln import FuseAdaLN
-from kopt.passes.fuse_gated_residual import FuseGatedResidual
+from kopt.passes.fuse.adaln import FuseAdaLN
+from kopt.passes.fuse.gated_residual import FuseGatedResidual
 from kopt.passes.manager import run_passes
-from kopt.passes.pipeline import default_pipeline, resolve, with_fp8
-from kopt.passes.residual_fp32 import ResidualStreamFp32
+from kopt.passes.graph.residual_fp32 import ResidualStreamFp32
+from kopt.passes.pipeline import default_pipeline, fp8_pipeline
 from kopt.reference import reference_forward
 from tests.conftest import rel_err
 
@@ -108,5 +108,5 @@ def test_float32_models_are_left_alone():
 @pytest.mark.parametrize("granularity", ["row", "tensor"])
 def test_the_fp8_pipeline_leaves_it_out(granularity):
     """The FP8 fusions replace the bf16 gated-residual ops this pass widens (kopt/passes/pipeline.py)."""
-    names = [p.name for p in with_fp8(resolve("auto"), Fp8Config(granularity=granularity))]
+    names = [p.name for p in fp8_pipeline(Fp8Config(granularity=granularity))]
     assert "residual-fp32" not in names and "residual-fp32" in [p.name for p in default_pipeline()]

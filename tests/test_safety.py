@@ -102,7 +102,7 @@ def test_capture_failure_falls_back_to_the_original_graph(monkeypatch):
     """Even a crash in kopt's own capture leaves the model running, with the reason reported."""
     import kopt.backend
 
-    monkeypatch.setattr(kopt.backend, "capture", _explode)
+    monkeypatch.setattr(kopt.compiled_graph, "capture", _explode)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
     compiled = kopt.compile(model, lower="eager")
     x = torch.randn(3, 8)
@@ -114,7 +114,7 @@ def test_capture_failure_falls_back_to_the_original_graph(monkeypatch):
 def test_lowering_failure_falls_back_and_strict_raises(monkeypatch):
     import kopt.backend
 
-    monkeypatch.setattr(kopt.backend.CompiledGraph, "_lower_rewritten", _explode)
+    monkeypatch.setattr(kopt.compiled_graph.CompiledGraph, "_lower_rewritten", _explode)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)).eval()
     x = torch.randn(3, 8)
 

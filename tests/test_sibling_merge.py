@@ -8,9 +8,9 @@ from hypothesis import given, settings
 
 import kopt
 from kopt.fx.capture import trace_function
+from kopt.passes.graph.redundancy import RedundancyElimination
+from kopt.passes.graph.sibling_merge import SiblingProjectionMerge
 from kopt.passes.manager import run_passes
-from kopt.passes.redundancy import RedundancyElimination
-from kopt.passes.sibling_merge import SiblingProjectionMerge
 from tests.conftest import rel_err
 
 aten = torch.ops.aten

@@ -13,8 +13,8 @@ from kopt.fx.binding_time import binding_times
 from kopt.fx.capture import trace_function
 from kopt.fx.staged_program import StagedProgram, split_stages, value_key
 from kopt.passes.base import PassContext
+from kopt.passes.graph.staging import HOIST_KEY, BindingTimeStaging
 from kopt.passes.pipeline import default_pipeline
-from kopt.passes.staging import HOIST_KEY, BindingTimeStaging
 from kopt.workloads import get_workload
 from tests.contracts import assert_within_contract, float64_output
 

@@ -3,10 +3,10 @@
 
 kopt's relative error must stay within ``BOUND_FACTOR`` x the larger of eager's and plain
 ``torch.compile``'s on the same model and inputs, plus a floor of two unit roundoffs of the dtype
-(``benchmarks/zoo.py`` says why), and kopt must have run its rewritten graph: a fallback, a skipped
+(``benchmarks/dit/zoo.py`` says why), and kopt must have run its rewritten graph: a fallback, a skipped
 pass or a model with no rewritten graph fails, unless ``KNOWN`` lists it with its reason (then the
 case is an explicit xfail that says why). Set ``KOPT_ZOO_RESULTS=DIR`` to also write the table
-(``zoo-cpu.{json,md}``) that ``python benchmarks/zoo.py`` writes.
+(``zoo-cpu.{json,md}``) that ``python benchmarks/dit/zoo.py`` writes.
 
 Inductor on the CPU spends most of a compile in one Python thread or one C++ compiler process, so
 the selected cases run in ``KOPT_ZOO_WORKERS`` processes (default: 2, or 1 on a 1-core machine)
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.zoo import DTYPES, ZooResult, run_case, write
+from benchmarks.dit.zoo import DTYPES, ZooResult, run_case, write
 from kopt.workloads import BUILTIN
 
 # (model, dtype) -> why kopt does not run a rewritten graph there; each is listed in the README

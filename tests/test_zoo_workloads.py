@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.variants import compile_regions
+from benchmarks.dit.variants import compile_regions
 from kopt.workloads import BUILTIN, DIFFUSERS, LLMS, get_workload
 
 # published parameter counts (billions) of the full configurations

@@ -2,7 +2,7 @@
 directly from its class with random weights, and inputs as the FLUX pipeline builds them.
 
 Used by the tests of the reference, the lowering check and the precision hazards, and through
-``module:factory`` by ``kopt explain tests.tiny_flux1:workload`` and ``benchmarks/dit.py --models``.
+``module:factory`` by ``kopt explain tests.tiny_flux1:workload`` and ``benchmarks/dit/dit.py --models``.
 """
 
 from __future__ import annotations

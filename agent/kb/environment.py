@@ -41,10 +41,10 @@ def current_environment() -> Environment:
     import torch
     import triton
 
-    import kopt
+    from kopt.version import __version__
 
     cuda = torch.cuda.is_available()
     gpu = torch.cuda.get_device_name(0) if cuda else f"cpu: {_cpu_name()}"
     return Environment(gpu=gpu, driver=_driver() if cuda else "", cuda=torch.version.cuda or "",
-                       torch=torch.__version__, triton=triton.__version__, kopt=kopt.__version__,
+                       torch=torch.__version__, triton=triton.__version__, kopt=__version__,
                        python=platform.python_version(), platform=f"{platform.system()}-{platform.machine()}")

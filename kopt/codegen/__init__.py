@@ -4,7 +4,8 @@
     generated = kopt.codegen.compile_region(region)     # .source, .op, .key, .path
     outputs = generated.op(*[the region's input tensors])
 
-One concept per file: :mod:`~kopt.codegen.region` (what is fusible), :mod:`~kopt.codegen.search`
+One concept per file: :mod:`~kopt.codegen.region` (what is fusible, from :mod:`~kopt.codegen.ir`'s
+graph-free form and :mod:`~kopt.codegen.normalize`'s node-to-step rules), :mod:`~kopt.codegen.search`
 (maximal regions in a graph), :mod:`~kopt.codegen.ops` (the op vocabulary in Triton and torch),
 :mod:`~kopt.codegen.triton_source` (source text), :mod:`~kopt.codegen.cache` (disk and in-process
 cache), :mod:`~kopt.codegen.op` (the torch op). The ``codegen-fuse`` pass applies it to graphs.

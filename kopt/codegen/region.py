@@ -16,250 +16,22 @@ near-miss reasons the ``codegen-fuse`` pass reports.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from collections.abc import Iterable
 
 import torch
 
+from kopt.codegen.ir import Arg, Input, Output, Ref, Region, Shape, Step
+from kopt.codegen.normalize import is_candidate, is_reduction, node_shape, normalize_step
 from kopt.codegen.ops import FLOAT_DTYPES, REDUCTIONS
 from kopt.fx.symbolic import is_symbolic
 
+__all__ = ["Arg", "Input", "Output", "Positions", "Ref", "Region", "Shape", "Step", "build_region", "is_candidate",
+           "is_reduction", "positions", "with_getitems"]
+
 aten = torch.ops.aten
-Shape = tuple[int, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class Ref:
-    """A reference to value ``index``: inputs are numbered first, then one value per step."""
-
-    index: int
-
-
-Arg = Ref | float | bool | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Input:
-    """A tensor the region reads; broadcast to the full shape when it is smaller."""
-
-    node: str
-    shape: Shape
-    dtype: torch.dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One node of the region, normalized: ``op`` is a name in :mod:`kopt.codegen.ops` (or
-    ``getitem``), ``args`` its operands, ``params`` reduction settings (keepdim, correction, eps)."""
-
-    node: str
-    target: str
-    op: str
-    args: tuple[Arg, ...]
-    shape: Shape
-    dtype: torch.dtype | None
-    params: tuple[tuple[str, object], ...] = ()
-
-    def param(self, name: str, default: object = None) -> object:
-        return dict(self.params).get(name, default)
-
-
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """A region value read outside it: ``kind`` is ``full`` (the full shape), ``row`` (one value
-    per row, ``(*rows, 1)``) or ``row_flat`` (``(*rows,)``, a reduction without keepdim)."""
-
-    value: int
-    node: str
-    kind: str
-    dtype: torch.dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class Region:
-    """What a generated kernel computes. The FX nodes ride along (not compared) for the rewrite."""
-
-    inputs: tuple[Input, ...]
-    steps: tuple[Step, ...]
-    outputs: tuple[Output, ...]
-    full_shape: Shape
-    reduction: str | None
-    members: tuple[torch.fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
-    input_nodes: tuple[torch.fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
-    output_nodes: tuple[torch.fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
-
-    @property
-    def n(self) -> int:
-        return self.full_shape[-1]
-
-    def value_dtype(self, index: int) -> torch.dtype | None:
-        if index < len(self.inputs):
-            return self.inputs[index].dtype
-        return self.steps[index - len(self.inputs)].dtype
-
-    def value_name(self, index: int) -> str:
-        """The FX node name behind value ``index``."""
-        if index < len(self.inputs):
-            return self.inputs[index].node
-        return self.steps[index - len(self.inputs)].node
-
-
-# ------------------------------------------------------------------------------------- normalization
-_BINARY = {aten.add.Tensor: "add", aten.add.Scalar: "add", aten.sub.Tensor: "sub", aten.sub.Scalar: "sub",
-           aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
-           aten.maximum.default: "maximum", aten.minimum.default: "minimum"}
-_COMPARE = {getattr(getattr(aten, name), overload): name
-            for name in ("gt", "lt", "ge", "le", "eq", "ne") for overload in ("Scalar", "Tensor")}
-_UNARY = {aten.neg.default: "neg", aten.exp.default: "exp", aten.log.default: "log", aten.sqrt.default: "sqrt",
-          aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal", aten.abs.default: "abs",
-          aten.erf.default: "erf", aten.sin.default: "sin", aten.cos.default: "cos",
-          aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh", aten.relu.default: "relu",
-          aten.silu.default: "silu", aten.clone.default: "identity", aten.alias.default: "identity"}
-_WHERE = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
-_CLAMP = (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
-_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
-           aten.amin.default: "amin", aten.var.correction: "var", aten.var_mean.correction: "var_mean",
-           aten.native_layer_norm.default: "layer_norm"}
-_FULL_REDUCE = {aten.sum.default, aten.mean.default, aten.amax.default, aten.amin.default}
-_COPY_KWARGS = {"dtype", "layout", "device", "memory_format", "non_blocking"}
-
-
-def is_candidate(node: torch.fx.Node) -> bool:
-    """Whether ``node`` calls an op of the vocabulary (a cheap filter before full validation)."""
-    if node.op != "call_function":
-        return False
-    if node.target is operator.getitem:
-        source = node.args[0]
-        return isinstance(source, torch.fx.Node) and source.target in (aten.var_mean.correction,
-                                                                       aten.native_layer_norm.default)
-    if node.target is aten.unsqueeze.default:  # only to give a reduction without keepdim its last dim back
-        source = node.args[0]
-        rank = len(_shape(source) or ()) if isinstance(source, torch.fx.Node) else -1
-        return node.args[1] in (-1, rank)
-    return (node.target in _BINARY or node.target in _COMPARE or node.target in _UNARY or node.target in _WHERE
-            or node.target in _CLAMP or node.target in _REDUCE or node.target in (
-                aten.rsub.Scalar, aten.rsub.Tensor, aten.pow.Tensor_Scalar, aten.gelu.default,
-                aten._to_copy.default))
-
-
-def is_reduction(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a row reduction of the vocabulary (whatever its dims)."""
-    return node.op == "call_function" and node.target in _REDUCE
-
-
-def _arg(node: torch.fx.Node, position: int, name: str, default: object = None) -> object:
-    if len(node.args) > position:
-        return node.args[position]
-    return node.kwargs.get(name, default)
-
-
-def _shape(node: torch.fx.Node) -> Shape | None:
-    """The node's shape: ints, or SymInts (symbolic sizes; ``int()`` would add a guard)."""
-    value = node.meta.get("val")
-    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
-
-
-def _reduction_dims_reason(node: torch.fx.Node, dims: object, source_rank: int) -> str | None:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return "reduction over all dims, not one row"
-    dims = [dims] if isinstance(dims, int) else list(dims)  # type: ignore[arg-type]
-    normalized = sorted({d % source_rank for d in dims})
-    if normalized != [source_rank - 1]:
-        return ("reduction over several dims" if len(normalized) > 1 else "reduction over a non-last dim") + \
-            f" ({node.name}: dims {dims} of a rank-{source_rank} tensor)"
-    return None
-
-
-def _normalize(node: torch.fx.Node, ref: dict[torch.fx.Node, Ref]) -> tuple[str, tuple[Arg, ...], tuple] | str:
-    """(op, operands, params) of ``node`` in the vocabulary, or why it is not expressible."""
-    def operand(value: object) -> Arg:
-        if isinstance(value, torch.fx.Node):
-            return ref[value]
-        if isinstance(value, bool) or value is None:
-            return value
-        if isinstance(value, (int, float)):
-            return float(value)
-        raise TypeError(value)
-
-    target, args = node.target, node.args
-    try:
-        if target in _BINARY or target in _COMPARE:
-            alpha = node.kwargs.get("alpha", 1)
-            if alpha != 1 or len(args) > 2:
-                return f"{node.name}: {target} with alpha"
-            return (_BINARY.get(target) or _COMPARE[target]), (operand(args[0]), operand(args[1])), ()
-        if target in (aten.rsub.Scalar, aten.rsub.Tensor):
-            if _arg(node, 2, "alpha", 1) != 1:
-                return f"{node.name}: rsub with alpha"
-            return "sub", (operand(args[1]), operand(args[0])), ()
-        if target in _UNARY:
-            return _UNARY[target], (operand(args[0]),), ()
-        if target is aten.unsqueeze.default:  # is_candidate checked it appends the last dim
-            return "identity", (operand(args[0]),), ()
-        if target is aten.pow.Tensor_Scalar:
-            return "pow", (operand(args[0]), operand(args[1])), ()
-        if target is aten.gelu.default:
-            approximate = _arg(node, 1, "approximate", "none")
-            return ("gelu_tanh" if approximate == "tanh" else "gelu_erf"), (operand(args[0]),), ()
-        if target in _WHERE:
-            return "where", tuple(operand(a) for a in args[:3]), ()
-        if target in _CLAMP:
-            low = _arg(node, 1, "min") if target is not aten.clamp_max.default else None
-            high = _arg(node, 2, "max") if target is aten.clamp.default else (
-                _arg(node, 1, "max") if target is aten.clamp_max.default else None)
-            if isinstance(low, torch.fx.Node) or isinstance(high, torch.fx.Node):
-                return f"{node.name}: clamp with tensor bounds"
-            return "clamp", (operand(args[0]), operand(low), operand(high)), ()
-        if target is aten._to_copy.default:
-            return _normalize_cast(node, operand(args[0]))
-        if target in _REDUCE:
-            return _normalize_reduction(node, operand)
-    except (TypeError, KeyError) as error:
-        return f"{node.name}: unsupported operand {error}"
-    if target in _FULL_REDUCE:
-        return f"reduction over all dims, not one row ({node.name})"
-    return f"{node.name}: {target} is not in the codegen vocabulary"
-
-
-def _normalize_cast(node: torch.fx.Node, source: Arg) -> tuple[str, tuple[Arg, ...], tuple] | str:
-    unknown = set(node.kwargs) - _COPY_KWARGS
-    if unknown or node.kwargs.get("layout") not in (None, torch.strided):
-        return f"{node.name}: _to_copy with {sorted(unknown) or 'a layout change'}"
-    source_node, value = node.args[0], node.meta.get("val")
-    if node.kwargs.get("device") is not None and torch.device(node.kwargs["device"]) != value.device:
-        return f"{node.name}: _to_copy changes device"
-    source_dtype = source_node.meta["val"].dtype
-    if value.dtype not in FLOAT_DTYPES:
-        return f"{node.name}: cast to {value.dtype}"
-    if source_dtype is torch.bool:
-        return "to_float", (source,), ()
-    op = {torch.bfloat16: "round_bf16", torch.float16: "round_fp16"}.get(value.dtype, "identity")
-    return op, (source,), ()
-
-
-def _normalize_reduction(node: torch.fx.Node, operand) -> tuple[str, tuple[Arg, ...], tuple] | str:
-    kind = _REDUCE[node.target]
-    source = node.args[0]
-    rank = len(_shape(source) or ())
-    if kind == "layer_norm":
-        normalized_shape, weight, bias, eps = node.args[1:5]
-        if len(normalized_shape) != 1:
-            return f"{node.name}: layer norm over several dims"
-        return kind, (operand(source), operand(weight), operand(bias)), (("eps", float(eps)),)
-    reason = _reduction_dims_reason(node, _arg(node, 1, "dim"), rank)
-    if reason:
-        return reason
-    if node.kwargs.get("dtype") is not None:
-        return f"{node.name}: reduction with a dtype argument"
-    params: tuple = (("keepdim", bool(_arg(node, 2, "keepdim", False))),)  # var: keyword-only, still found
-    if kind in ("var", "var_mean"):
-        correction = node.kwargs.get("correction")
-        params += (("correction", 1.0 if correction is None else float(correction)),)
-    return kind, (operand(source),), params
-
-
-# ---------------------------------------------------------------------------------------- validation
 Positions = dict[torch.fx.Node, int]
 
 
@@ -341,7 +113,7 @@ def build_region(nodes: Iterable[torch.fx.Node], position: Positions | None = No
         if is_symbolic(value):
             return (f"input {node.name} has symbolic sizes {tuple(value.shape)} (dynamic shapes): generated "
                     "kernels are built for static shapes")
-        inputs.append(Input(node.name, _shape(node), value.dtype))
+        inputs.append(Input(node.name, node_shape(node), value.dtype))
     try:
         full = tuple(torch.broadcast_shapes(*(i.shape for i in inputs)))
     except RuntimeError:
@@ -355,20 +127,20 @@ def build_region(nodes: Iterable[torch.fx.Node], position: Positions | None = No
     for node in members_list:
         ref[node] = Ref(len(inputs) + len(steps))
         if node.target is operator.getitem:
-            step = Step(node.name, "getitem", "getitem", (ref[node.args[0]],), _shape(node),
+            step = Step(node.name, "getitem", "getitem", (ref[node.args[0]],), node_shape(node),
                         node.meta["val"].dtype, (("index", int(node.args[1])),))
         else:
-            normalized = _normalize(node, ref)
+            normalized = normalize_step(node, ref)
             if isinstance(normalized, str):
                 return normalized
             op, args, params = normalized
             value = node.meta.get("val")
             single = isinstance(value, torch.Tensor)
-            step = Step(node.name, str(node.target), op, args, _shape(node) if single else (),
+            step = Step(node.name, str(node.target), op, args, node_shape(node) if single else (),
                         value.dtype if single else None, params)
             if op in REDUCTIONS:
                 reductions.append(node.name)
-                if _shape(node.args[0]) != full:
+                if node_shape(node.args[0]) != full:
                     return f"{node.name} reduces a value broadcast along rows, not a full row"
         if step.dtype is not None and step.dtype not in FLOAT_DTYPES + (torch.bool,):
             return f"{node.name} is {step.dtype}; the kernel computes in float32"
@@ -386,7 +158,7 @@ def build_region(nodes: Iterable[torch.fx.Node], position: Positions | None = No
         if node.target in (aten.var_mean.correction, aten.native_layer_norm.default):
             continue  # tuple-valued: its getitems are the outputs
         if any(user not in members for user in node.users):
-            shape, dtype = _shape(node), node.meta["val"].dtype
+            shape, dtype = node_shape(node), node.meta["val"].dtype
             if dtype is torch.bool:
                 return f"{node.name} is a bool value needed outside the region"
             if shape == full:

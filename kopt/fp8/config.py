@@ -24,8 +24,8 @@ class QualityGate:
 
     SQNR (dB) = 10·log10(‖ref‖² / ‖out − ref‖²) = −20·log10(relative error): the quantized output's
     relative error may exceed eager's by ``10**(-min_sqnr_db/20)`` and its angle to the reference
-    eager's by ``acos(min_cosine)``. 0.999 cosine and 25 dB are what rowwise FP8 DiTs reach (the
-    hand-written baseline measured 0.9998 on Qwen-Image and 0.99994 on FLUX.2 against bf16); a model
+    eager's by ``acos(min_cosine)``. 0.999 cosine and 25 dB are what rowwise FP8 DiTs reach (a
+    hand-written rowwise baseline on Qwen-Image and FLUX.2 keeps above 0.9998 against bf16); a model
     that misses them needs layers kept in bf16 (:func:`kopt.fp8.scan_sensitivity`).
     """
 
@@ -52,8 +52,7 @@ class Fp8Config:
         gate: the quality the quantized model must keep (checked by ``verify=True``).
         attention: also run attention in FP8 (``fp8-attention``: Q per row, K and V per key tile on
             FP8 tensor cores). Off by default: it adds the attention's FP8 rounding to the linears',
-            and it does not pay everywhere (on the H200 it saves 7 ms of attention per Qwen-Image forward;
-            FLUX.2, whose forward runs at the card's power cap, loses 2 ms).
+            and it does not pay everywhere (a forward that runs at the card's power cap may lose time).
         fast_accum: FP8 GEMMs (``_scaled_mm``, tensor and row scales) accumulate in the tensor
             cores' own precision instead of promoting partial sums to float32 every few steps
             (cuBLAS' fast accumulation, as torchao's inference recipe uses): faster on Hopper, at an

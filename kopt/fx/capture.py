@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kopt.config import Role
 from kopt.fx.constants import constant_value
-from kopt.fx.roles import InputRole, module_path
+from kopt.fx.roles import InputRole
 from kopt.fx.symbolic import (
     allowing_real_constants,
     concrete,
@@ -149,13 +149,13 @@ def capture(dynamo_graph: torch.fx.GraphModule, example_inputs: list[object],
     for node, position in zip(placeholders, user_indices, strict=True):
         node.meta["kopt_role"] = roles[position].role
         node.meta["kopt_source"] = roles[position].source
-    sources = {_identity(example_inputs[r.index]): r.source for r in roles if r.role is Role.CONSTANT}
+    paths = {_identity(example_inputs[r.index]): r.module_path for r in roles if r.role is Role.CONSTANT}
     for node in graph_module.graph.nodes:
         if node.op == "get_attr":
             node.meta["kopt_role"] = Role.CONSTANT
             # the module path of a parameter (``blocks.0.attn.to_q.weight``), for options that
             # select layers by name (fp8 include/skip); None for tensors traced as constants
-            path = module_path(sources.get(_identity(constant_value(node)), ""))
+            path = paths.get(_identity(constant_value(node)))
             if path is not None:
                 node.meta["kopt_param"] = path
     return CapturedGraph(graph_module, roles, user_indices, constants)

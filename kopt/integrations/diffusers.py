@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 
-from kopt.api import make_backend
-from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError
+from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError, make_backend
 from kopt.fp8.config import Fp8Config
 from kopt.fx.staged_program import MemoStats
 from kopt.integrations import installed_version, require, unsupported_reason

@@ -62,7 +62,7 @@ def with_kopt_backend(compile_kwargs: dict[str, Any], *args: Any, **kwargs: Any)
     if compile_kwargs.get("backend", "inductor") != "inductor" or os.environ.get(SWITCH, "1") == "0":
         return None  # another backend, or switched off at run time: SGLang's kwargs as they are
     try:
-        from kopt.api import make_backend
+        from kopt.backend import make_backend
         from kopt.integrations.sglang_ops import ExpandSglangOps
 
         options = json.loads(os.environ.get(OPTIONS) or "{}")

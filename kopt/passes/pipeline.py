@@ -1,7 +1,7 @@
 """The pass order: one line per pass, with the reason it sits where it does.
 
-``passes="auto"`` runs :func:`default_pipeline`; a list mixes names from :func:`available_passes`
-and :class:`~kopt.passes.base.Pass` objects; ``[]`` captures and lowers only.
+``passes="auto"`` runs :func:`default_pipeline`, or :func:`fp8_pipeline` with ``fp8=...``; a list mixes
+names from :func:`available_passes` and :class:`~kopt.passes.base.Pass` objects; ``[]`` captures and lowers only.
 """
 
 from __future__ import annotations
@@ -10,23 +10,29 @@ from collections.abc import Sequence
 
 from kopt.fp8.config import Fp8Config, Granularity
 from kopt.passes.base import Pass
-from kopt.passes.bias_absorption import BiasAbsorption
-from kopt.passes.redundancy import RedundancyElimination
-from kopt.passes.sibling_merge import SiblingProjectionMerge
-from kopt.passes.staging import BindingTimeStaging
+from kopt.passes.fp8.activation_quant import FuseActivationQuant
+from kopt.passes.fp8.attention import Fp8Attention
+from kopt.passes.fp8.attention_output_quant import FuseAttentionOutputQuant
+from kopt.passes.fp8.gemv import Fp8Gemv
+from kopt.passes.fp8.linear import Fp8Linear
+from kopt.passes.fp8.norm_quant import FuseAdaLNQuant
+from kopt.passes.fuse.adaln import FuseAdaLN
+from kopt.passes.fuse.codegen import CodegenFuse
+from kopt.passes.fuse.gated_residual import FuseGatedResidual
+from kopt.passes.fuse.joint_attention_input import FuseJointAttentionInput
+from kopt.passes.fuse.qk_norm_rope import FuseQKNormRope
+from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
+from kopt.passes.graph.bias_absorption import BiasAbsorption
+from kopt.passes.graph.redundancy import RedundancyElimination
+from kopt.passes.graph.residual_fp32 import ResidualStreamFp32
+from kopt.passes.graph.sibling_merge import SiblingProjectionMerge
+from kopt.passes.graph.staging import BindingTimeStaging
 
 PassSpec = str | Pass | Sequence[str | Pass]
 
 
 def default_pipeline() -> list[Pass]:
-    """The passes ``"auto"`` runs, in order (each measured on the H200: benchmarks/results/NOTES.md)."""
-    from kopt.passes.fuse_adaln import FuseAdaLN
-    from kopt.passes.fuse_gated_residual import FuseGatedResidual
-    from kopt.passes.fuse_joint_attention_input import FuseJointAttentionInput
-    from kopt.passes.fuse_qk_norm_rope import FuseQKNormRope
-    from kopt.passes.fuse_qk_norm_rope_real import FuseQKNormRopeReal
-    from kopt.passes.residual_fp32 import ResidualStreamFp32
-
+    """The passes ``"auto"`` runs, in order."""
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
         SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
@@ -41,90 +47,77 @@ def default_pipeline() -> list[Pass]:
     ]
 
 
-# Kernel fusions whose bf16 output feeds FP8 GEMMs. With row scales fuse-adaln-quant makes their
-# kernels emit the FP8 rows themselves; with other granularities their output would reach the GEMM
-# through a separate quantize kernel (Inductor's norm + quantize fusion reads it once less).
-_BF16_PRODUCERS = ("fuse-adaln", "fuse-gated-residual")
+def fp8_pipeline(config: Fp8Config) -> list[Pass]:
+    """The passes ``"auto"`` runs with ``fp8=config``, in order.
+
+    Row scales have kernels that write FP8 rows themselves (the activation, adaLN and attention
+    output fusions) and a GEMV for GEMMs of a few rows; other granularities have none, so there the
+    bf16 norm fusions are left out too: Inductor fuses norm and quantize into one kernel, where a
+    bf16 kernel would write a tensor that a separate quantize reads back. ``residual-fp32`` is left
+    out: it widens the bf16 gated-residual ops, which the FP8 fusions replace by quantizing ones."""
+    row = Granularity(config.granularity) is Granularity.ROW
+    attention = config.attention
+    return [
+        RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
+        SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
+        Fp8Linear(config),  # after the merge (one quantized weight), before bias absorption (bias in epilogue)
+        *_when(row, FuseActivationQuant()),  # after fp8-linear: activation + row quantize in one kernel
+        BiasAbsorption(),  # after the merge: merged GEMMs keep their bias when a split follows them
+        *_when(row, FuseAdaLN()),  # row scales only: fuse-adaln-quant turns its kernels into FP8 writers
+        *_when(row, FuseGatedResidual()),  # row scales only, as fuse-adaln
+        *_when(row, FuseAdaLNQuant()),  # after the norm fusions whose kernels it turns into FP8 row writers
+        FuseQKNormRope(),  # complex RoPE (Qwen-Image), one op per stream
+        FuseQKNormRopeReal(),  # real RoPE (FLUX.2), emits the joint op itself for concatenated streams
+        FuseJointAttentionInput(),  # joins fuse-qk-norm-rope's per-stream ops into the attention buffer
+        *_when(attention, Fp8Attention(config)),  # after the Q/K fusions it reads; before staging, which names nodes
+        *_when(attention and row, FuseAttentionOutputQuant(config)),  # after fp8-attention: writes FP8 rows
+        *_when(row, Fp8Gemv()),  # after every fusion that reads a _scaled_mm node it may replace
+        BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
+    ]
+
+
+def _when(condition: bool, rewrite: Pass) -> list[Pass]:
+    return [rewrite] if condition else []
 
 
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
     (codegen-fuse), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``).
     Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
-    from kopt.passes.codegen_fuse import CodegenFuse
-    from kopt.passes.fp8_attention import Fp8Attention
-    from kopt.passes.fp8_gemv import Fp8Gemv
-    from kopt.passes.fp8_linear import Fp8Linear
-    from kopt.passes.fuse_activation_quant import FuseActivationQuant
-    from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
-    from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
-
     return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
             FuseAttentionOutputQuant(), Fp8Gemv()]
 
 
-def with_fp8(passes: list[Pass], config: Fp8Config, from_auto: bool = True) -> list[Pass]:
-    """``passes`` with an :class:`Fp8Linear` for ``config``: in place of an ``fp8-linear`` already
-    listed, else right after ``sibling-merge`` (merged weights are quantized as one), i.e. before
-    ``bias-absorption`` (the bias then stays in the FP8 GEMM's epilogue) and before ``staging``.
-    With row-wise scales ``fuse-activation-quant`` (SwiGLU / GELU-tanh → FP8 in one kernel) follows it.
-    ``Fp8Config(attention=True)`` adds ``fp8-attention`` just before ``staging`` (with row scales,
-    followed by ``fuse-attention-output-quant``). With row scales ``fp8-gemv`` runs last before
-    ``staging``: the GEMMs of a few rows (the modulation of a timestep embedding) it may turn into
-    ``kopt::fp8_gemv`` are no longer ``_scaled_mm`` nodes for the fusions before it to read.
+def fp8_into(passes: list[Pass], config: Fp8Config) -> list[Pass]:
+    """A pass list the caller wrote, with ``fp8=config`` added as :func:`fp8_pipeline` places it.
 
-    When the passes come from ``"auto"`` (``from_auto``; ``kopt.compile`` decides), kopt also picks
-    what the bf16 norm fusions (``fuse-adaln``, ``fuse-gated-residual``) become: with row scales
-    ``fuse-adaln-quant`` follows them and turns their kernels into ones that write the FP8 rows
-    themselves; other granularities have no such kernels, so the norm fusions are dropped and
-    Inductor fuses norm and quantize into one kernel (a bf16 kernel would write a tensor that a
-    separate quantize reads back). A list the caller wrote is kept as written."""
-    from kopt.passes.fp8_linear import Fp8Linear
-    from kopt.passes.fuse_activation_quant import FuseActivationQuant
-    from kopt.passes.fuse_adaln_quant import FuseAdaLNQuant
-
-    fp8 = Fp8Linear(config)
+    ``fp8-linear`` takes the place of one already listed, else follows ``sibling-merge`` (or
+    precedes the first of ``bias-absorption``, the norm fusions and ``staging``); with row scales
+    ``fuse-activation-quant`` follows it and ``fp8-gemv`` precedes ``staging``; with
+    ``Fp8Config(attention=True)`` ``fp8-attention`` (and, with row scales,
+    ``fuse-attention-output-quant``) precede ``staging``. Nothing the caller listed is dropped
+    or moved: only ``"auto"`` (:func:`fp8_pipeline`) chooses which bf16 fusions suit FP8."""
     row = Granularity(config.granularity) is Granularity.ROW
-    producers: list[Pass] = [FuseActivationQuant()] if row else []
-    dropped = {"fuse-activation-quant"}
-    if from_auto:
-        # residual-fp32 widens bf16 gated-residual ops, which the FP8 fusions replace by quantizing ones
-        dropped |= {"fuse-adaln-quant", "residual-fp32"} | (set() if row else set(_BF16_PRODUCERS))
-    passes = [p for p in passes if p.name not in dropped]
+    fp8 = [Fp8Linear(config), *_when(row, FuseActivationQuant())]
+    attention = [*_when(config.attention, Fp8Attention(config)),
+                 *_when(config.attention and row, FuseAttentionOutputQuant(config))]
+    replaced = {"fp8-linear", "fuse-activation-quant", *(p.name for p in attention)}
     names = [p.name for p in passes]
-    if fp8.name in names:
-        at = names.index(fp8.name)
-        passes = [*passes[:at], fp8, *producers, *passes[at + 1:]]
+    if "fp8-linear" in names:
+        at = names.index("fp8-linear")
+    elif "sibling-merge" in names:
+        at = names.index("sibling-merge") + 1
     else:
-        if "sibling-merge" in names:
-            at = names.index("sibling-merge") + 1
-        else:
-            later = [names.index(n) for n in ("bias-absorption", *_BF16_PRODUCERS, "staging") if n in names]
-            at = min(later) if later else len(passes)
-        passes = [*passes[:at], fp8, *producers, *passes[at:]]
+        later = [names.index(n) for n in ("bias-absorption", "fuse-adaln", "fuse-gated-residual", "staging")
+                 if n in names]
+        at = min(later) if later else len(passes)
+    kept = [p for p in passes[:at] if p.name not in replaced]
+    rest = [p for p in passes[at:] if p.name not in replaced]
+    passes = [*kept, *fp8, *rest]
     names = [p.name for p in passes]
-    norms = [names.index(n) for n in _BF16_PRODUCERS if n in names]
-    if from_auto and row and norms:
-        at = max(norms) + 1
-        passes = [*passes[:at], FuseAdaLNQuant(), *passes[at:]]
-    if config.attention:
-        from kopt.passes.fp8_attention import Fp8Attention
-        from kopt.passes.fuse_attention_output_quant import FuseAttentionOutputQuant
-
-        attention: list[Pass] = [Fp8Attention(config)]
-        if row:  # the projections after attention quantize per row: the attention kernel writes FP8 itself
-            attention.append(FuseAttentionOutputQuant(config))
-        passes = [p for p in passes if p.name not in ("fp8-attention", "fuse-attention-output-quant")]
-        names = [p.name for p in passes]
-        at = names.index("staging") if "staging" in names else len(passes)  # staging names nodes: run before it
-        passes = [*passes[:at], *attention, *passes[at:]]
-    names = [p.name for p in passes]
-    if row and "fp8-gemv" not in names:
-        from kopt.passes.fp8_gemv import Fp8Gemv
-
-        at = names.index("staging") if "staging" in names else len(passes)  # after every fusion reading the GEMMs
-        passes = [*passes[:at], Fp8Gemv(), *passes[at:]]
-    return passes
+    staging = names.index("staging") if "staging" in names else len(passes)  # staging names nodes: run before it
+    gemv = _when(row and "fp8-gemv" not in names, Fp8Gemv())
+    return [*passes[:staging], *attention, *gemv, *passes[staging:]]
 
 
 def available_passes() -> dict[str, Pass]:
@@ -132,21 +125,27 @@ def available_passes() -> dict[str, Pass]:
     return {p.name: p for p in default_pipeline() + opt_in_passes()}
 
 
-def resolve(spec: PassSpec) -> list[Pass]:
-    """Turn ``"auto"``, a pass name, a Pass, or a list mixing them into an ordered list of passes."""
+def resolve(spec: PassSpec, fp8: Fp8Config | None = None) -> list[Pass]:
+    """Turn ``"auto"``, a pass name, a Pass, or a list mixing them into an ordered list of passes.
+
+    With ``fp8``, ``"auto"`` stands for :func:`fp8_pipeline`; a list without ``"auto"`` gets the
+    FP8 passes added as :func:`fp8_into` says."""
     if isinstance(spec, (str, Pass)):
         spec = [spec]
+    auto = default_pipeline() if fp8 is None else fp8_pipeline(fp8)
     known = available_passes()
     resolved: list[Pass] = []
     for item in spec:
         if isinstance(item, Pass):
             resolved.append(item)
         elif item == "auto":
-            resolved.extend(default_pipeline())
+            resolved.extend(auto)
         elif isinstance(item, str) and item in known:
             resolved.append(known[item])
         else:
             raise ValueError(f"unknown pass {item!r}: use 'auto', a kopt.Pass, or one of {sorted(known)}")
+    if fp8 is not None and "auto" not in spec:
+        resolved = fp8_into(resolved, fp8)
     names = [p.name for p in resolved]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:

@@ -8,7 +8,7 @@ import torch
 
 import kopt
 from kopt.fx.capture import trace_function
-from kopt.passes.codegen_fuse import RULE, CodegenFuse
+from kopt.passes.fuse.codegen import RULE, CodegenFuse
 from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import available_passes, default_pipeline
 from tests.conftest import rel_err

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kopt.codegen import compile_region
-from kopt.passes.codegen_fuse import CodegenFuse
+from kopt.passes.fuse.codegen import CodegenFuse
 from kopt.passes.manager import run_passes
 from tests.codegen.conftest import only_region, region_inputs
 from tests.codegen.test_generated_kernels import CASES, KERNEL_TOL, _randn, layer_norm_modulate, rms_norm

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kopt.codegen import compile_region, find_regions
 from kopt.fx.capture import trace_function
-from kopt.passes.codegen_fuse import CodegenFuse
+from kopt.passes.fuse.codegen import CodegenFuse
 from kopt.passes.manager import run_passes
 from tests.codegen.conftest import node_values
 from tests.conftest import rel_err

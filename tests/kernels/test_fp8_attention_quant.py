@@ -79,8 +79,8 @@ def test_gpu_production_shapes_every_config(config):
         o8, row_scale = attention.launch(q, k, v, bias, None, config=config, bias_window=(0, 256), fp8_out=True)
         spec8, spec_scale = mod.reference(q, k, v, bias, None, block_n=config["BLOCK_N"])
         torch.testing.assert_close(row_scale, spec_scale, rtol=1e-6, atol=0)
-        # the output's own FP8 rounding (against the kernel's bf16 output), then against the spec (4.1 %
-        # on the H200 at a1fa003: the kernel's rounding of P, and the two outputs' separate FP8 roundings)
+        # the output's own FP8 rounding (against the kernel's bf16 output), then against the spec (larger:
+        # the kernel's rounding of P, and the two outputs' separate FP8 roundings)
         float_out = attention.launch(q, k, v, bias, None, config=config, bias_window=(0, 256))
         assert rel_err(_dequantized(o8, row_scale), float_out) < 0.03
         assert rel_err(_dequantized(o8, row_scale), _dequantized(spec8, spec_scale)) < 0.06

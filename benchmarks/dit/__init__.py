@@ -1,0 +1,2 @@
+"""The DiT harness (dit.py) and its parts (variants, measurement, breakdown, summary, results),
+the zoo and the other whole-model scripts."""

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""DiT benchmark: eager vs torch.compile vs FP8 baseline vs kopt on Qwen-Image and FLUX.2.
+
+    python benchmarks/dit/dit.py --size full --models qwen-image          # one H200, one model per process
+    python benchmarks/dit/dit.py --size tiny                              # CPU smoke run (timings mean nothing)
+
+For each model (full size: published config, random weights, built directly in bf16 on the GPU;
+batch 1, 4096 image tokens, 256 / 512 text tokens) and each variant, one transformer forward is
+timed (CUDA events, median of ``--repeats`` after ``--warmup``), with compile time (first call
+minus a normal call), peak memory, and relative error / cosine in float64 against a higher-precision
+reference of the same weights (``kopt.reference``: fp32 on a GPU, fp64 on the CPU; eager's own row
+says how far eager bf16 is from it) and against eager (``*_vs_eager``). Eager,
+torch.compile and kopt also get a CFG-pair row (conditional + unconditional call, fresh timestep
+tensor per call). A profiler breakdown (GEMM / attention / norm+elementwise / copies / other,
+launches per forward) is taken per variant, and the hardware ceilings and per-model floors are
+measured in the same run. Results: ``<out>/dit-<size>-<models>.{json,md,png}``, rewritten after
+every variant so a run killed at the device time limit keeps what it finished. See README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import faulthandler
+import itertools
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repo root.
+    # Appended, not prepended, so an installed kopt (with kopt.kernels mapped from kernels/) wins
+    # over the bare source folder of the same name.
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+import torch
+
+from benchmarks.dit import results_io
+from benchmarks.dit.breakdown import profile_breakdown
+from benchmarks.dit.ceilings import count_flops, floors, measure_ceilings
+from benchmarks.dit.measure import (
+    allocated_gb,
+    benchmark,
+    compare,
+    first_tensor,
+    free_compiled_state,
+    peak_memory_gb,
+    reset_peak_memory,
+    synchronize,
+)
+from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, select
+from kopt.kernels import _autotune
+from kopt.reference import ReferenceStats, reference_forward
+from kopt.workloads import Workload, get_workload
+from kopt.workloads.base import step_factor
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class Log:
+    """Timestamped, flushed progress lines: a run cut off by a time limit still shows where it was."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def __call__(self, message: str) -> None:
+        clock = datetime.datetime.now().strftime("%H:%M:%S")
+        print(f"[{clock} +{self.elapsed():6.1f}s] {message}", flush=True)
+
+    def show_kopt_progress(self) -> None:
+        """kopt's INFO lines (each pass, each lowering stage, each autotuning) in this log's format, so
+        a compile cut off by a time limit shows the step it was in."""
+
+        log = self
+
+        class Forward(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                log(f"  kopt: {record.getMessage()}")
+
+        logger = logging.getLogger("kopt")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(Forward())
+
+
+@dataclasses.dataclass
+class Run:
+    """Resolved options plus the results being accumulated (written after every variant)."""
+
+    args: argparse.Namespace
+    setup: Setup
+    variants: list[Variant]
+    log: Log
+    results: dict[str, Any]
+
+    @property
+    def device(self) -> torch.device:
+        return self.setup.device
+
+    def save(self, png: bool = False, pending: list[dict[str, Any]] | None = None) -> None:
+        """Rewrite the JSON/markdown (and PNG); ``pending`` rows of the running variant are included."""
+        name = results_io.stem(self.setup.size, self.results["models"], self.args.tag)
+        results = {**self.results, "rows": self.results["rows"] + (pending or [])}
+        for note in results_io.write_all(results, Path(self.args.out), name, png=png):
+            self.log(note)
+        if _autotune.TUNER.path.exists():  # the launch configs the kernels chose, with every candidate's time
+            shutil.copyfile(_autotune.TUNER.path, Path(self.args.out) / f"{name}.autotune.json")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    names = ", ".join(v.name for v in all_variants())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "full"], default=None,
+                        help="full (default on CUDA) or tiny (default on CPU: smoke test)")
+    parser.add_argument("--models", default="qwen-image,flux2", help="comma-separated workload names")
+    parser.add_argument("--variants", default="auto",
+                        help=f"comma-separated, or 'auto' (tiny: all; full: eager, torch.compile, kopt, "
+                             f"fp8+torch.compile). Known: {names}")
+    parser.add_argument("--whole-model", action="store_true",
+                        help="add whole-model torch.compile (off by default at full size: slow to compile)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per row (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the first, compiling one")
+    parser.add_argument("--profile-forwards", type=int, default=3,
+                        help="forwards under torch.profiler per variant for the breakdown (0: skip)")
+    parser.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
+    parser.add_argument("--budget-s", type=float, default=540.0,
+                        help="skip variants whose estimated time would end the process past this")
+    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="model dtype (default bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--out", default=None,
+                        help="results folder (default: $OUT if set, else benchmarks/results)")
+    parser.add_argument("--tag", default=None, help="suffix for the output file names")
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.size = args.size or ("full" if args.device == "cuda" else "tiny")
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    args.out = args.out or os.environ.get("OUT") or str(results_io.REPO / "benchmarks" / "results")
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    return args
+
+
+# ---------------------------------------------------------------- one row
+
+
+def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
+    return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
+                first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
+                rel_err_vs_eager=None, cosine_vs_eager=None, launches=None, replay=None, notes=[])
+
+
+def _as_output(call: str, result: Any) -> torch.Tensor:
+    """The tensor compared with the reference: the sample, or both CFG samples stacked."""
+    if call == "cfg-pair":
+        return torch.stack([first_tensor(result[0]), first_tensor(result[1])])
+    return first_tensor(result)
+
+
+def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
+                reference: torch.Tensor, eager: torch.Tensor) -> dict[str, Any]:
+    """Time ``fn`` (first call compiles), compare its output with the higher-precision ``reference``
+    and with ``eager``'s output, note peak memory."""
+    reset_peak_memory(run.device)
+    timing, result = benchmark(fn, run.device, warmup=run.args.warmup, repeats=run.args.repeats)
+    row = _empty_row(model, variant, call)
+    output = _as_output(call, result)
+    row.update(compare(output, reference))
+    row.update({f"{key}_vs_eager": value for key, value in compare(output, eager).items()})
+    row.update(median_ms=timing.median_ms, compile_s=timing.compile_s, first_call_s=timing.first_call_s,
+               samples_ms=[round(s, 4) for s in timing.samples_ms], peak_mem_gb=peak_memory_gb(run.device))
+    run.log(f"  {model} {variant} {call}: median {timing.median_ms:.3f} ms, compile {timing.compile_s:.1f} s, "
+            f"vs reference rel_err {row['rel_err']} cosine {row['cosine']}, vs eager rel_err "
+            f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_mem_gb']} GB")
+    return row
+
+
+# ---------------------------------------------------------------- one variant
+
+
+@dataclasses.dataclass
+class ModelState:
+    """Per model: the workload, the shared model, inputs, the higher-precision references and eager's
+    outputs (forward and CFG pair)."""
+
+    name: str
+    workload: Workload
+    model: torch.nn.Module
+    inputs: dict[str, Any]
+    negative: dict[str, Any]
+    reference: torch.Tensor
+    reference_cfg: torch.Tensor
+    eager: torch.Tensor
+    eager_cfg: torch.Tensor
+
+
+def stepping_forward(workload: Workload, fn: Any, inputs: dict[str, Any]) -> Any:
+    """One forward per call at denoising step 0, 1, 2, ... (``Workload.at_step``).
+
+    The first call uses the reference inputs (its output is compared with the references); later calls
+    must not repeat a timestep value, or kopt's step-invariant memo would hit on every timed call
+    and the forward row would measure a cache instead of a denoising step.
+    """
+    steps = itertools.count()
+    return lambda: fn(**workload.at_step(inputs, next(steps)))
+
+
+def stepping_cfg_pair(workload: Workload, fn: Any, cond: dict[str, Any], uncond: dict[str, Any]) -> Any:
+    """One CFG pair per call, each at a new timestep value that both halves share."""
+    steps = itertools.count()
+    return lambda: workload.cfg_pair(fn, cond, uncond, t=500.0 * step_factor(next(steps)))
+
+
+def repeating_forward(fn: Any, inputs: dict[str, Any]) -> Any:
+    """Every call at the same timestep value (a fresh tensor each time, as a pipeline makes it).
+
+    For a kopt variant with staging this is the second call of a CFG pair in isolation: after the
+    first call every call hits the step-invariant memo. Timed in the same process as the stepping
+    ``forward`` row, so the two rows give a memo miss against a memo hit of one compiled program.
+    """
+    return lambda: fn(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+
+
+def replay_status(prepared: Prepared) -> str | None:
+    """Whether the timed calls replayed a CUDA graph: a baseline's whole-forward replay, or kopt's own
+    (every per-step graph replayed its last call); None for variants that do not replay."""
+    if prepared.replay is not None:
+        return prepared.replay()
+    report = prepared.kopt_report
+    stats = [g.cuda_graphs for g in report.graphs if g.cuda_graphs is not None] if report is not None else []
+    if not stats:
+        return None
+    reasons = {s.disabled or s.skipped for s in stats} - {None}
+    return "replayed" if not reasons else "not replayed: " + "; ".join(sorted(reasons))
+
+
+def _uses_staging(prepared: Prepared) -> bool:
+    """A step-invariant stage with a memo exists (filled in by the first call, which compiles)."""
+    report = prepared.kopt_report
+    return report is not None and any(g.memo is not None for g in report.graphs)
+
+
+def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Prepared,
+                     rows: list[dict[str, Any]]) -> None:
+    """Forward row, profiler breakdown, CFG-pair row, kopt report; appends rows as they finish."""
+    fn = prepared.fn
+    forward = measure_row(run, state.name, variant.name, "forward",
+                          stepping_forward(state.workload, fn, state.inputs), state.reference, state.eager)
+    forward["notes"] = list(prepared.notes)
+    forward["replay"] = replay_status(prepared)
+    rows.append(forward)
+    if run.args.profile_forwards > 0:
+        breakdown = profile_breakdown(stepping_forward(state.workload, fn, state.inputs), run.device,
+                                      run.args.profile_forwards)
+        gap = forward["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
+        run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward",
+                                         "gap_ms": gap, **breakdown})
+        forward["launches"] = breakdown["launches"]
+    run.save(pending=rows)  # the forward row survives a time-out during the CFG measurement
+    if variant.cfg_pair:
+        pair = stepping_cfg_pair(state.workload, fn, state.inputs, state.negative)
+        cfg = measure_row(run, state.name, variant.name, "cfg-pair", pair, state.reference_cfg, state.eager_cfg)
+        cfg["notes"] = list(prepared.notes)
+        cfg["replay"] = replay_status(prepared)
+        rows.append(cfg)
+    if _uses_staging(prepared):
+        hit = measure_row(run, state.name, variant.name, "forward-memo-hit",
+                          repeating_forward(fn, state.inputs), state.reference, state.eager)
+        hit["notes"] = list(prepared.notes) + ["same timestep every call: step-invariant memo hit"]
+        if run.args.profile_forwards > 0:  # kernel time and launches of a hit: what the cache removes
+            breakdown = profile_breakdown(repeating_forward(fn, state.inputs), run.device, run.args.profile_forwards)
+            gap = hit["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
+            run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward-memo-hit",
+                                             "gap_ms": gap, **breakdown})
+            hit["launches"] = breakdown["launches"]
+        rows.append(hit)
+    if prepared.kopt_report is not None:
+        run.results["kopt_reports"][f"{state.name}/{variant.name}"] = prepared.kopt_report.to_dict()
+        run.log(f"kopt report ({state.name}, {variant.name}):\n{prepared.kopt_report}")
+
+
+def run_variant(run: Run, state: ModelState, variant: Variant) -> None:
+    """Prepare and measure one variant; always undo it and free its compiled state afterwards."""
+    prepared: Prepared | None = None
+    rows: list[dict[str, Any]] = []
+    try:
+        start = time.perf_counter()
+        prepared = variant.prepare(state.model, run.setup)
+        prepare_s = time.perf_counter() - start
+        if prepare_s >= 0.1:  # e.g. FP8 weight quantization; kopt and torch.compile are lazy
+            prepared.notes.append(f"prepare {prepare_s:.1f} s")
+        _measure_variant(run, state, variant, prepared, rows)
+    except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
+        run.log(f"  {variant.name} FAILED: {type(error).__name__}: {error}")
+        traceback.print_exc()
+        message = str(error).splitlines()[0][:200] if str(error) else ""
+        status = f"error: {type(error).__name__}: {message}"
+        calls = ["forward", "cfg-pair"] if variant.cfg_pair else ["forward"]
+        rows += [_empty_row(state.name, variant.name, c, status) for c in calls[len(rows):]]
+    finally:
+        if prepared is not None:
+            prepared.undo()
+        prepared = None  # drop the compiled module before freeing caches
+        free_compiled_state(run.device)
+    run.results["rows"] += rows
+    run.log(f"  freed {variant.name}; allocated now {allocated_gb(run.device)} GB")
+
+
+def over_budget(run: Run, variant: Variant) -> str | None:
+    """Why ``variant`` is skipped (None to run it): elapsed + its full-size estimate > --budget-s."""
+    estimate = variant.estimate_full_s if run.setup.size == "full" else 0.0
+    elapsed = run.log.elapsed()
+    if elapsed + estimate > run.args.budget_s:
+        return (f"skipped: budget (elapsed {elapsed:.0f} s + estimated {estimate:.0f} s "
+                f"> --budget-s {run.args.budget_s:.0f})")
+    return None
+
+
+# ---------------------------------------------------------------- one model
+
+
+def build_state(run: Run, name: str) -> ModelState:
+    """Build the model once, its inputs, eager's outputs and the higher-precision references (forward
+    and CFG pair): the same weights, each op in float32 on a GPU (float64 on the CPU), weights upcast
+    op by op so that no upcast copy of the model is needed (``kopt.reference``)."""
+    workload = get_workload(name)
+    size, device, dtype = run.setup.size, run.device, run.setup.dtype
+    torch.manual_seed(0)
+    model = workload.model(size, device=device, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    run.log(f"built {name} ({size}): {params / 1e6:.1f} M parameters, allocated {allocated_gb(device)} GB")
+    inputs = workload.inputs(size, device=device, dtype=dtype, seed=0)
+    negative = workload.inputs(size, device=device, dtype=dtype, seed=1, negative=True)
+    eager = first_tensor(model(**inputs)).clone()
+    cond, uncond = workload.cfg_pair(model, inputs, negative)
+    eager_cfg = torch.stack([first_tensor(cond), first_tensor(uncond)]).clone()
+    start = time.perf_counter()
+    stats = ReferenceStats()
+    reference = first_tensor(reference_forward(model, **inputs, stats=stats))
+    synchronize(device)
+    reference_s = time.perf_counter() - start
+    cond, uncond = workload.cfg_pair(lambda **kw: reference_forward(model, **kw), inputs, negative)
+    reference_cfg = torch.stack([first_tensor(cond), first_tensor(uncond)])
+    info = {"parameters": params, "output_shape": list(eager.shape),
+            "reference": {"dtype": str(reference.dtype).removeprefix("torch."), "forward_s": round(reference_s, 3),
+                          "peak_upcast_gb": stats.peak_live_bytes / 1e9},
+            "eager_vs_reference": compare(eager, reference)}
+    run.results["per_model"][name] = info
+    run.log(f"{name}: reference forward ({info['reference']['dtype']}) {reference_s:.2f} s, peak upcast copies "
+            f"{stats.peak_live_bytes / 1e9:.3f} GB; eager vs reference {info['eager_vs_reference']}")
+    return ModelState(name, workload, model, inputs, negative, reference, reference_cfg, eager, eager_cfg)
+
+
+def _count_flops(run: Run, state: ModelState) -> dict[str, Any] | None:
+    """FLOPs of one eager forward; None (logged) if counting fails: the timings matter more."""
+    try:
+        flops = count_flops(state.model, state.inputs)
+    except Exception as error:  # noqa: BLE001
+        run.log(f"{state.name}: FLOP counting failed: {type(error).__name__}: {error}")
+        return None
+    run.log(f"{state.name}: {flops['total'] / 1e12:.4f} TFLOP per forward (GEMM {flops['gemm'] / 1e12:.4f}, "
+            f"attention {flops['attention'] / 1e12:.4f}; by op {flops['by_op']})")
+    return flops
+
+
+def run_model(run: Run, name: str) -> None:
+    """Build ``name`` once, count its FLOPs, run every selected variant on it, then its floor."""
+    state = build_state(run, name)
+    info = run.results["per_model"][name]
+    info["flops"] = _count_flops(run, state)
+    for variant in run.variants:
+        skipped = over_budget(run, variant)
+        if skipped:
+            run.log(f"{name} {variant.name}: {skipped}")
+            calls = ["forward", "cfg-pair"] if variant.cfg_pair else ["forward"]
+            run.results["rows"] += [_empty_row(name, variant.name, c, skipped) for c in calls]
+            continue
+        run.log(f"{name} {variant.name}: {variant.description}")
+        run_variant(run, state, variant)
+        run.save()
+    eager = next((b for b in run.results["breakdown"] if b["model"] == name and b["variant"] == "eager"), None)
+    attention_ms = eager["ms"]["attention"] if eager and run.device.type == "cuda" else None
+    info["floor"] = floors(info["flops"], run.results["ceilings"], attention_ms)
+    del state
+    free_compiled_state(run.device)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints every thread's stack and carries on: where a call is
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    log = Log()
+    log.show_kopt_progress()
+    device = torch.device(args.device)
+    setup = Setup(size=args.size, device=device, dtype=DTYPES[args.dtype])
+    variants = select(args.variants, args.size, args.whole_model)
+    results: dict[str, Any] = dict(
+        size=args.size, models=args.models, variants=[v.name for v in variants], dtype=args.dtype,
+        repeats=args.repeats, warmup=args.warmup, meta=results_io.run_metadata(device), rows=[],
+        breakdown=[], ceilings=None, per_model={}, kopt_reports={})
+    run = Run(args, setup, variants, log, results)
+    log(f"dit benchmark: size={args.size} device={device} dtype={args.dtype} models={args.models} "
+        f"variants={results['variants']} out={args.out}")
+    with torch.no_grad():
+        if not args.no_ceilings:
+            results["ceilings"] = measure_ceilings(device)
+            log(f"ceilings: {results['ceilings']}")
+        for name in args.models:
+            try:
+                run_model(run, name)
+            except Exception as error:  # noqa: BLE001 - keep the other model's results
+                log(f"{name} FAILED outside a variant: {type(error).__name__}: {error}")
+                traceback.print_exc()
+                results["per_model"].setdefault(name, {})["error"] = f"{type(error).__name__}: {error}"
+            run.save()
+    run.save(png=True)
+    log(f"wrote {Path(args.out) / results_io.stem(args.size, args.models, args.tag)}.json and .md (.png unless noted)")
+    print("\n" + results_io.short_table(results["rows"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The rows of the DiT benchmark: how each variant turns the eager model into something callable.
+
+A variant is a :class:`Variant`: a name (the row label), a ``prepare`` function returning a
+:class:`Prepared` (the callable, notes for the table, an optional kopt report, and an ``undo`` that
+restores the shared eager model), and whether it also gets a CFG-pair row. To add a kopt option,
+add one line to :data:`KOPT_OPTIONS`; to add anything else, append a :class:`Variant` to
+:func:`all_variants`.
+
+The model is built once per process and shared, so variants must leave it as they found it;
+the FP8 variants cannot (they drop bf16 weights to fit FLUX.2 on one card) and so are marked
+``mutates_model`` and run after all the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks.dit.fp8_baseline import count_fp8_linears, quantize_linears, set_fast_accum
+from kopt.fp8 import Fp8Config
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a variant may need to know about the run."""
+
+    size: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def fp8_min_features(self) -> int:
+        """Linears smaller than this stay bf16 (tiny models have 64-wide layers, full ones >= 3072)."""
+        return 1024 if self.size == "full" else 16
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A variant ready to call with the workload's keyword inputs."""
+
+    fn: Callable[..., Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    kopt_report: Any = None  # kopt.Report for kopt variants (filled in after the first call)
+    undo: Callable[[], None] = lambda: None
+    replay: Callable[[], str] | None = None  # whole-forward CUDA-graph replay's status (baselines that replay)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One benchmark row family (forward, and the CFG pair when ``cfg_pair``)."""
+
+    name: str
+    description: str
+    prepare: Callable[[nn.Module, Setup], Prepared]
+    cfg_pair: bool = False
+    mutates_model: bool = False
+    exclusive: bool = False  # leaves the model unusable: no other model-mutating variant may share its process
+    estimate_full_s: float = 60.0  # rough wall seconds at full size (compile + timing + profile)
+    aliases: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- eager and torch.compile
+
+
+def _eager(model: nn.Module, setup: Setup) -> Prepared:
+    return Prepared(model)
+
+
+def _uncompile_blocks(model: nn.Module) -> None:
+    """Undo ``compile_repeated_blocks``: ``nn.Module.compile`` only sets ``_compiled_call_impl``."""
+    for module in model.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+
+
+def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
+    """The items of every outermost ``nn.ModuleList`` that have submodules (blocks, not bare linears)."""
+    items: list[nn.Module] = []
+    for child in module.children():
+        if isinstance(child, nn.ModuleList):
+            items += [item for item in child if next(item.children(), None) is not None]
+        else:
+            items += _outermost_list_items(child)
+    return items
+
+
+def compile_regions(model: nn.Module, backend: Any = None) -> str:
+    """``torch.compile`` (default mode; ``backend`` when given) on each repeated block; returns which
+    blocks, for the notes.
+
+    diffusers' ``compile_repeated_blocks()`` where the model declares ``_repeated_blocks``; otherwise
+    (SD3, Sana, PixArt, transformers LLMs, ...) the same on the blocks of each outermost ModuleList."""
+    options = {} if backend is None else {"backend": backend}
+    if getattr(model, "_repeated_blocks", None):
+        model.compile_repeated_blocks(**options)
+        return ", ".join(model._repeated_blocks)
+    blocks = _outermost_list_items(model)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no ModuleList of blocks")
+    for block in blocks:
+        block.compile(**options)
+    names = sorted({type(block).__name__ for block in blocks})
+    return f"{', '.join(names)} (ModuleList items: the model declares no _repeated_blocks)"
+
+
+def _regional_compile(model: nn.Module, setup: Setup) -> Prepared:
+    """Regional ``torch.compile``: each repeated block compiled on its own (:func:`compile_regions`)."""
+    return Prepared(model, notes=[f"regional: {compile_regions(model)}"], undo=lambda: _uncompile_blocks(model))
+
+
+def _replayed(prepared: Prepared, setup: Setup) -> Prepared:
+    """``prepared`` with its whole forward replayed from a CUDA graph (:mod:`benchmarks.dit.graph_replay`),
+    as kopt replays its own: on the CPU there is nothing to replay and the row says so."""
+    from benchmarks.dit.graph_replay import ReplayedForward
+
+    if setup.device.type != "cuda":
+        return dataclasses.replace(prepared, notes=[*prepared.notes, "CPU: no CUDA graph"],
+                                   replay=lambda: "not replayed: CPU")
+    replayed = ReplayedForward(prepared.fn)
+    return dataclasses.replace(prepared, fn=replayed, notes=[*prepared.notes, "whole forward as one CUDA graph"],
+                               replay=replayed.status)
+
+
+def _whole_compile(model: nn.Module, setup: Setup) -> Prepared:
+    return Prepared(torch.compile(model), notes=["whole model, default mode"])
+
+
+# ---------------------------------------------------------------- FP8 baseline
+
+
+def _fp8(model: nn.Module, setup: Setup, *, compile_blocks: bool, fast_accum: bool = False) -> Prepared:
+    """Quantize the blocks' large linears (once per process), then optionally compile regionally.
+    ``fast_accum``: their GEMMs use cuBLAS' fast FP8 accumulation (kopt's default), for a like-for-like row."""
+    notes: list[str] = []
+    if count_fp8_linears(model) == 0:
+        _, notes = quantize_linears(model, min_features=setup.fp8_min_features)
+    else:
+        notes = [f"reused {count_fp8_linears(model)} FP8 linears quantized by an earlier variant"]
+    set_fast_accum(model, fast_accum)
+    if fast_accum:
+        notes.append("fast FP8 accumulation")
+    if compile_blocks:
+        notes.append(f"regional torch.compile on top: {compile_regions(model)}")
+    return Prepared(model, notes=notes, undo=lambda: _uncompile_blocks(model))
+
+
+# ---------------------------------------------------------------- kopt
+
+# name -> keyword arguments of kopt.compile; one line per kopt option worth a row.
+KOPT_OPTIONS: dict[str, dict[str, Any]] = {
+    "kopt": dict(passes="auto"),  # lower="inductor" (default)
+    "kopt-eager": dict(passes="auto", lower="eager"),  # rewritten FX graph op by op: fast to compile
+    # the measured configuration of issue 5 spelled out (since it became "auto", the same as "kopt")
+    "kopt-fused": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-adaln",
+                               "fuse-gated-residual", "fuse-qk-norm-rope", "fuse-qk-norm-rope-real",
+                               "fuse-joint-attention-input", "staging"]),
+    # the pipeline before the kernel fusions joined "auto" (issue 4's ablation baseline)
+    "kopt-graph-only": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "staging"]),
+    # weight changes noticed by version counter and storage only (no per-call checksum of the watched weights)
+    "kopt-version-check": dict(passes="auto", weight_check="version"),
+    # kernel by kernel, without CUDA-graph replay (the default since kopt.cuda_graphs)
+    "kopt-no-graphs": dict(passes="auto", cuda_graphs=False),
+    # auto plus row-wise FP8 linears: weights quantized at compile time, every producer emitting FP8
+    "kopt-fp8": dict(passes="auto", fp8=Fp8Config()),
+    "kopt-fp8-no-graphs": dict(passes="auto", fp8=Fp8Config(), cuda_graphs=False),
+    # the FP8 configuration measured at 79efcc0: bf16 norm fusions left out, Inductor fuses norm + quantize
+    "kopt-fp8-inductor-norms": dict(passes=["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope",
+                                            "fuse-qk-norm-rope-real", "fuse-joint-attention-input", "staging"],
+                                    fp8=Fp8Config()),
+    # FP8 linears and FP8 attention (kopt::fp8_attention: Q per row, K and V per key tile)
+    "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
+    # the same with float32 accumulation in the FP8 GEMMs (the default is cuBLAS' fast accumulation)
+    "kopt-fp8-f32-accum": dict(passes="auto", fp8=Fp8Config(fast_accum=False)),
+    "kopt-fp8-attn-f32-accum": dict(passes="auto", fp8=Fp8Config(attention=True, fast_accum=False)),
+    # DeepSeek-V3 block scales: 1x128 activation slices, 128x128 weight tiles (cuBLAS block-scaled GEMM)
+    "kopt-fp8-block": dict(passes="auto", fp8=Fp8Config(granularity="block-128x128")),
+}
+
+
+def _ablations() -> dict[str, dict[str, Any]]:
+    """``kopt-no-<pass>``: the default pipeline with one pass left out (the ablation table)."""
+    from kopt.passes.pipeline import default_pipeline
+
+    names = [p.name for p in default_pipeline()]
+    return {f"kopt-no-{name}": dict(passes=[n for n in names if n != name]) for name in names}
+
+
+KOPT_OPTIONS.update(_ablations())
+
+
+def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
+    def prepare(model: nn.Module, setup: Setup) -> Prepared:
+        import kopt
+
+        compiled = kopt.compile(model, **options)
+        described = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        undo = compiled.undo if options.get("regional") else (lambda: None)  # regional: blocks compiled in place
+        return Prepared(compiled, notes=[f"kopt.compile({described})"], kopt_report=compiled.kopt_report, undo=undo)
+
+    return prepare
+
+
+def _kopt_regional(model: nn.Module, setup: Setup) -> Prepared:
+    """kopt as the backend of regional compilation: each repeated block captured, rewritten and lowered
+    once per block class, every block's own weights bound to that code (:mod:`kopt.weight_sets`).
+    Rewrites that span blocks (the gated residual at a block seam, the float32 residual stream, the
+    step-invariant stage) cannot fire inside one block. No per-block CUDA graphs and version-only
+    weight checks: the variant replays the whole forward (``+graphs``) like the baseline it faces."""
+    import kopt
+
+    backend = kopt.make_backend(passes="auto", cuda_graphs=False, weight_check="version", progress=False)
+    regions = compile_regions(model, backend=backend)
+    return Prepared(model, notes=[f"kopt regional: {regions}"], undo=lambda: _uncompile_blocks(model),
+                    kopt_report=backend.report)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def all_variants() -> list[Variant]:
+    """Every known variant, in the default run order (model-mutating ones last)."""
+    variants = [
+        Variant("eager", "eager bf16 (the reference)", _eager, cfg_pair=True, estimate_full_s=20),
+        Variant("torch.compile", "regional torch.compile (compile_repeated_blocks, else each ModuleList block)",
+                _regional_compile, cfg_pair=True, estimate_full_s=150, aliases=("compile", "regional")),
+        Variant("torch.compile+graphs", "regional torch.compile, whole forward replayed from a CUDA graph",
+                lambda m, s: _replayed(_regional_compile(m, s), s), cfg_pair=True, estimate_full_s=150,
+                aliases=("compile+graphs",)),
+        Variant("kopt-regional", "kopt.compile(regional=True): each repeated block compiled once per class",
+                _kopt(dict(passes="auto", regional=True)), cfg_pair=True, estimate_full_s=120),
+        Variant("kopt-regional+graphs", "kopt as regional compile's backend, whole forward replayed from a CUDA graph",
+                lambda m, s: _replayed(_kopt_regional(m, s), s), cfg_pair=True, estimate_full_s=150),
+        Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
+                estimate_full_s=420, aliases=("compile-full", "whole")),
+    ]
+    estimates = {"kopt-eager": 120}  # whole-model Inductor compiles: ~200 s Qwen-Image, ~90 s FLUX.2 (H200)
+    variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
+                         estimate_full_s=estimates.get(name, 200)) for name, options in KOPT_OPTIONS.items()]
+    variants += [
+        # frees the module's bf16 weights that the compiled graph no longer reads: nothing can run
+        # on the model after it, so it is the only model-mutating variant of its process
+        Variant("kopt-fp8-release", "kopt fp8 with release_weights=True (peak memory)",
+                _kopt(dict(passes="auto", fp8=Fp8Config(), release_weights=True)), cfg_pair=True,
+                mutates_model=True, exclusive=True, estimate_full_s=200),
+        Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
+                lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
+                estimate_full_s=180, aliases=("fp8",)),
+        Variant("fp8+torch.compile-fast-accum", "rowwise FP8 linears with fast accumulation + regional torch.compile",
+                lambda m, s: _fp8(m, s, compile_blocks=True, fast_accum=True), mutates_model=True,
+                estimate_full_s=180),
+        Variant("fp8+torch.compile-fast-accum+graphs",
+                "rowwise FP8 linears with fast accumulation + regional torch.compile, whole forward replayed "
+                "from a CUDA graph", lambda m, s: _replayed(_fp8(m, s, compile_blocks=True, fast_accum=True), s),
+                mutates_model=True, estimate_full_s=180, aliases=("fp8+graphs",)),
+        Variant("fp8-eager", "rowwise FP8 linears, no compile", lambda m, s: _fp8(m, s, compile_blocks=False),
+                mutates_model=True, estimate_full_s=60),
+    ]
+    return variants
+
+
+DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
+DEFAULT_TINY = tuple(v.name for v in all_variants()
+                     if not v.name.startswith(("kopt-no-", "kopt-fused", "kopt-fp8-release")))
+
+
+def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
+    """Variants named in ``spec`` (comma-separated names or aliases, or "auto"), in a safe order.
+
+    "auto" is every variant at tiny size and :data:`DEFAULT_FULL` at full size (whole-model
+    compile only with ``whole_model``: it may not finish inside one 10-minute device call).
+    Model-mutating variants are moved after the others, keeping the requested order otherwise.
+    """
+    known = {alias: v for v in all_variants() for alias in (v.name, *v.aliases)}
+    if spec == "auto":
+        names = list(DEFAULT_TINY if size == "tiny" else DEFAULT_FULL)
+        if size == "full" and whole_model:
+            names.insert(2, "torch.compile-full")
+    else:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}: choose from {sorted(known)}")
+    chosen = list(dict.fromkeys(known[n].name for n in names))
+    if whole_model and "torch.compile-full" not in chosen:
+        chosen.append("torch.compile-full")
+    ordered = [known[n] for n in chosen]
+    mutating = [v for v in ordered if v.mutates_model]
+    for variant in (v for v in mutating if v.exclusive and len(mutating) > 1):
+        others = [v.name for v in mutating if v is not variant]
+        raise SystemExit(f"{variant.name} leaves the model unusable: run it without {others} "
+                         "(the only model-mutating variant of its process)")
+    return [v for v in ordered if not v.mutates_model] + [v for v in ordered if v.mutates_model]

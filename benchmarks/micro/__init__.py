@@ -1,0 +1,1 @@
+"""Micro-benchmarks at production shapes: kernels against the copy ceiling, FP8 GEMMs, attention."""

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""SASS instruction counts of kopt's activation + FP8 quantize kernel, compiled for sm_90 on this
+machine (no GPU needed: Triton's bundled ptxas and cuobjdump do the work).
+
+    python benchmarks/tools/sass.py          # per-value counts, with and without kernels/_fastmath.py's PTX forms,
+                                       # then registers / global loads of the layouts the docstrings cite
+
+Why: the kernel is bound by instruction issue rather than memory bandwidth on the H200, so the
+number of instructions each value costs is what its speed follows (``kernels/activation_quant.py``).
+The counts are per value of the row: whole-kernel SASS instructions (one program, one row) divided
+by the 12288 columns one program's threads share, so a layout's idle lanes count against it. Each
+layout runs with the num_warps the autotuner chose for it on the H200.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from kopt.kernels import activation_quant, qk_norm_rope  # noqa: E402
+
+_SIGNATURE = {"prefix_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "P": "i32",
+              "F": "i32", "stride_p": "i32", "stride_h": "i32", "stride_q": "i32"}
+
+
+_QK_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16",
+                 **{name: "i32" for name in ("n_rows", "S", "H", "stride_xb", "stride_xs", "stride_xh", "stride_cs",
+                                             "stride_cd", "stride_ss", "stride_sd", "half")}, "eps": "fp32"}
+
+
+def compile_sm90(kernel: triton.JITFunction, constants: dict[str, object], num_warps: int,
+                 signature: dict[str, str] = _SIGNATURE) -> tuple[collections.Counter, int]:
+    """(opcode counts, registers per thread) of ``kernel`` compiled for sm_90 with ``constants`` (its
+    constexprs), every pointer and integer argument divisible by 16 as Triton specializes the
+    production shapes."""
+    full = dict(signature, **{name: "constexpr" for name in constants})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind != "fp32"}
+    source = triton.compiler.ASTSource(fn=kernel, signature=full, constexprs=constants, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 128),
+                              options={"num_warps": num_warps, "launch_pdl": True})
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = os.path.join(folder, "kernel.cubin")
+        Path(cubin).write_bytes(compiled.asm["cubin"])
+        sass, usage = (subprocess.run([str(tools / "cuobjdump"), flag, cubin], capture_output=True, text=True,
+                                      check=True).stdout for flag in ("-sass", "-res-usage"))
+    opcodes = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)
+    return collections.Counter(op.split(".")[0] for op in opcodes), int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def sass_counts(kernel: triton.JITFunction, constants: dict[str, object], num_warps: int) -> collections.Counter:
+    """Opcode counts of ``kernel`` (an activation + quantize kernel) compiled for sm_90."""
+    return compile_sm90(kernel, constants, num_warps)[0]
+
+
+def rows() -> list[tuple[str, str, int, int]]:
+    """(layout, math, instructions, instructions per value) for Qwen-Image's GELU quantize (12288 columns)."""
+    out = []
+    columns = 12288
+    layouts = (("one 16384-wide block, 32 warps", activation_quant._activation_quant_kernel,
+                {"HAS_PREFIX": False, "IS_SWIGLU": False, "BLOCK": 16384, "P_CHUNKS": 0, "F_CHUNKS": 1,
+                 "ONE_PASS": True, "PREFIX_BLOCK": 1}, 32),
+               ("3 register chunks of 4096, 16 warps", activation_quant._activation_quant_chunks_kernel,
+                {"HAS_PREFIX": False, "IS_SWIGLU": False, "BLOCK": 4096, "PREFIX_BLOCK": 1, "CHUNKS": 3,
+                 "P_CHUNKS": 0}, 16))
+    for layout, kernel, constants, warps in layouts:
+        per_thread = columns / (32 * warps)
+        for fast in (False, True):
+            counts = sass_counts(kernel, {**constants, "FAST": fast, "PDL": True}, warps)
+            total = sum(counts.values())
+            out.append((layout, "PTX forms" if fast else "plain Triton", total, total / per_thread))
+    return out
+
+
+def resource_rows() -> list[tuple[str, int, int, int, int]]:
+    """(kernel and layout, warps, registers per thread, programs per SM by registers, global loads)
+    for the layouts whose registers or loads the kernel docstrings cite: FLUX.2's single-stream
+    activation + quantize in register chunks (prefix read in pieces), and qk_norm_rope's 8-row
+    programs with the RoPE table row loaded per head or once per token (``ONE_TOKEN``)."""
+    out = []
+    chunks = {"HAS_PREFIX": True, "IS_SWIGLU": True, "BLOCK": 4096, "PREFIX_BLOCK": 8192, "CHUNKS": 5, "P_CHUNKS": 2,
+              "FAST": True, "PDL": True}
+    cases = [("activation_quant, 5 register chunks of 4096 + 6144 prefix",
+              activation_quant._activation_quant_chunks_kernel, chunks, 16, _SIGNATURE)]
+    for mode in ("real", "complex"):
+        for one_token in (False, True):
+            constants = {"IS_COMPLEX": mode == "complex", "HAS_WEIGHT": True, "ROWS_PER_PROGRAM": 8, "BLOCK_HALF": 64,
+                         "ONE_TOKEN": one_token, "PDL": True}
+            label = f"qk_norm_rope {mode}, 8 rows, table {'once per token' if one_token else 'per head'}"
+            cases.append((label, qk_norm_rope._qk_norm_rope_kernel, constants, 2, _QK_SIGNATURE))
+    for label, kernel, constants, warps, signature in cases:
+        counts, registers = compile_sm90(kernel, constants, warps, signature)
+        threads = 32 * warps
+        per_sm = 65536 // (((registers + 7) // 8 * 8) * threads)  # registers are allocated in groups of 8
+        out.append((label, warps, registers, per_sm, counts["LDG"]))
+    return out
+
+
+def main() -> None:
+    print("| layout | math | SASS instructions | per value |\n|---|---|---:|---:|")
+    for layout, math, total, per_value in rows():
+        print(f"| {layout} | {math} | {total} | {per_value:.1f} |")
+    print("\n| kernel, layout | warps | registers / thread | programs / SM (registers) | global loads |\n"
+          "|---|---:|---:|---:|---:|")
+    for label, warps, registers, per_sm, loads in resource_rows():
+        print(f"| {label} | {warps} | {registers} | {per_sm} | {loads} |")
+
+
+if __name__ == "__main__":
+    main()

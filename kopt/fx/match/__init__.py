@@ -1,0 +1,1 @@
+"""Matchers shared by several passes (RMSNorm in its spellings, the key-mask window of joint attention)."""

@@ -1,0 +1,1 @@
+"""Passes that simplify the graph without new kernels: redundancy, sibling merge, bias absorption, staging."""
