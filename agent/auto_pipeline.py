@@ -127,7 +127,10 @@ def switched(base: Sequence[Pass], choices: Mapping[str, tuple[Any, Any]], path:
 
     pipelines: dict[str | None, list[Pass]] = {None: list(base)}
     for signature, (candidate, _) in choices.items():
-        pipelines[signature] = from_candidate(candidate).build()
+        try:
+            pipelines[signature] = from_candidate(candidate).build()
+        except Exception:  # noqa: BLE001 - PipelineSelect re-verifies it, fails, records why; the base runs
+            continue
     union = [p.name for p in base]
     for passes in pipelines.values():
         names = [p.name for p in passes]

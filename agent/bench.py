@@ -78,11 +78,15 @@ def region_candidates(chosen: Mapping[str, Candidate]) -> dict[str, Candidate]:
 def applied_one(graph: Any, chosen: Mapping[str, Candidate]) -> torch.fx.GraphModule:
     """A copy of one graph with ``chosen`` applied: its pipeline choice (the passes run again on the
     graph before passes), then the region candidates wherever their signatures occur."""
-    from kopt.agent.pipeline_choice import from_candidate, run_choice
+    from kopt.agent.pipeline_choice import from_candidate, run_choice, structural_copy
 
     choice = pipeline_choice_for(graph, chosen)
     if choice is not None:
-        module = run_choice(graph.original, from_candidate(choice), graph.index)
+        cache = graph.choice_graphs  # the passes run once per choice and graph
+        if choice.content_hash not in cache:
+            cache.clear()  # one at a time: each holds the constants its passes derived
+            cache[choice.content_hash] = run_choice(graph.original, from_candidate(choice), graph.index)
+        module = structural_copy(cache[choice.content_hash])
     else:
         module = copy.deepcopy(graph.graph_module)
     regions = region_candidates(chosen)

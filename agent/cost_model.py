@@ -131,6 +131,7 @@ class CostModelClock:
 
     def __post_init__(self) -> None:
         self._rewritten: dict[tuple[int, str], tuple[torch.fx.GraphModule, list[Any]]] = {}
+        self._seconds: dict[tuple[str, ...], float] = {}
 
     def rewritten(self, chosen: Mapping[str, Candidate]) -> dict[int, tuple[torch.fx.GraphModule, list[Any]]]:
         """The graphs a pipeline choice in ``chosen`` rewrites, with their occurrences (cached)."""
@@ -150,8 +151,15 @@ class CostModelClock:
             found[graph.index] = self._rewritten[key]
         return found
 
+    def seconds(self, chosen: Mapping[str, Candidate]) -> float:
+        """The model's modelled time with ``chosen`` (cached: the model is deterministic)."""
+        key = tuple(sorted(c.content_hash for c in chosen.values()))
+        if key not in self._seconds:
+            self._seconds[key] = self.model.model_s(self.graphs, self.occurrences, chosen, self.rewritten(chosen))
+        return self._seconds[key]
+
     def samples(self, chosen: Mapping[str, Candidate], count: int, stream: int) -> list[float]:
-        base = self.model.model_s(self.graphs, self.occurrences, chosen, self.rewritten(chosen))
+        base = self.seconds(chosen)
         rng = random.Random(self.seed * 1_000_003 + stream)
         return [base * (1.0 + rng.gauss(0.0, self.noise)) for _ in range(count)]
 

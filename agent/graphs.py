@@ -31,6 +31,7 @@ class ProbedGraph:
     index: int
     original: torch.fx.GraphModule | None = None
     _signature: str | None = dataclasses.field(default=None, repr=False)
+    choice_graphs: dict[str, torch.fx.GraphModule] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def signature(self) -> str:

@@ -45,13 +45,19 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([getattr(SDPBackend, BACKENDS[backend])]):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                                                scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                               scale=scale)
+    laid_out = _sdpa_fake(q, k, v, mask, is_causal, scale, backend)
+    if out.stride() == laid_out.stride():
+        return out
+    return laid_out.copy_(out)
 
 
 def _sdpa_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
                scale: float | None, backend: str) -> torch.Tensor:
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    """The layout the fused backends write: (batch, query, heads, value dim) in memory, so the graph's
+    views after attention (written for that layout) stay valid."""
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1])).transpose(1, 2)
 
 
 _LIBRARY.impl("sdpa", _sdpa, "CompositeExplicitAutograd")
@@ -84,8 +90,13 @@ def rewritable(node: torch.fx.Node) -> str:
         return "not an attention node"
     if float(_arguments(node).get("dropout_p", 0.0) or 0.0) != 0.0:
         return "dropout"
-    if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+    if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in node.users):
         return "reads an output other than the attention output"
+    if not any(u.args[1] == 0 for u in node.users):
+        return "its output is not read"
+    q, v, out = node.args[0].meta["val"], node.args[2].meta["val"], node.meta["val"][0]
+    if q.dim() != 4 or out.stride() != _sdpa_fake(q, q, v, None, False, None, "").stride():
+        return "its output layout is not (batch, query, heads, dim) in memory"
     return ""
 
 
@@ -123,9 +134,10 @@ class SdpaBackendPass(Pass):
                 call = graph_module.graph.call_function(SDPA_OP, (args["query"], args["key"], args["value"], mask,
                                                                   bool(args.get("is_causal", False)),
                                                                   args.get("scale"), backend))
-            call.meta["val"] = next(iter(node.users)).meta["val"]
-            for user in list(node.users):
-                user.replace_all_uses_with(call)
+            output = next(u for u in node.users if u.args[1] == 0)
+            call.meta["val"] = output.meta["val"]
+            output.replace_all_uses_with(call)
+            for user in list(node.users):  # the attention output's getitem and unread ones (log-sum-exp)
                 graph_module.graph.erase_node(user)
             graph_module.graph.erase_node(node)
         graph_module.graph.lint()

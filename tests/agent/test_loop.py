@@ -65,7 +65,7 @@ def test_loop_accepts_rejects_stores_and_resumes(tmp_path):
 
     second = optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", seed=0, model_name="mlp")
     assert second.evaluations == [] and second.skipped == len(first.evaluations)
-    assert set(second.resumed) == {accepted.candidate.region_signature}
+    assert accepted.candidate.region_signature in second.resumed
 
 
 def test_compile_applies_kb_win_and_reverifies(tmp_path):
