@@ -13,8 +13,10 @@ win in isolation and lose in the model: layouts, launch order, caches). The rule
 
 The model here is its captured graphs after the passes (:mod:`kopt.agent.graphs`), run in order;
 a candidate set is applied to copies of them (:mod:`kopt.agent.apply`), which takes milliseconds,
-so no whole-model recompile per candidate. Clocks: :class:`WallClock` (real time of those graphs,
-run as FX op by op, synchronized on a GPU) or, only when asked,
+so no whole-model recompile per candidate; a pipeline choice reruns its passes on the graph before
+passes (:mod:`kopt.agent.pipeline_choice`), once per choice. Clocks: :class:`WallClock` (real time of
+those graphs, synchronized on a GPU; run as FX op by op, or lowered by Inductor with
+``lower="inductor"``, which is what GPU numbers must use) or, only when asked,
 :class:`kopt.agent.cost_model.CostModelClock` (deterministic, for CPU tests).
 """
 
@@ -130,11 +132,15 @@ class WallClock:
             modules: list[Any] = applied(self.graphs, chosen)
             if self.lower == "inductor":
                 from kopt.config import Lowering
+                from kopt.fx.symbolic import lowering_examples
                 from kopt.lower import lower
 
-                modules = [lower(m, list(g.args), Lowering.INDUCTOR) for m, g in zip(modules, self.graphs, strict=True)]
+                with torch.no_grad():  # an inference graph, as kopt's backend lowers it
+                    modules = [lower(m, lowering_examples(m, list(g.args)), Lowering.INDUCTOR)
+                               for m, g in zip(modules, self.graphs, strict=True)]
             self._built[key] = modules
-            _run_all(self._built[key], self.graphs)  # warm-up: kernels compile at their first launch
+            for _ in range(2):  # warm-up: kernels compile at their first launch, lazy setup at the second
+                _run_all(self._built[key], self.graphs)
         return self._built[key]
 
     def time_once(self, chosen: Mapping[str, Candidate]) -> float:

@@ -92,11 +92,23 @@ class PipelineChoice:
         return functools.reduce(Contract.combine, (p.contract for p in self.build()), Contract.exact())
 
 
+def fp8_options(config: Any) -> dict:
+    """An :class:`kopt.fp8.config.Fp8Config` as JSON-ready options (every field, so the user's
+    include/skip patterns and quality gate are kept)."""
+    data = dataclasses.asdict(config)
+    data["granularity"] = config.granularity.value
+    data["include"], data["skip"] = list(config.include), list(config.skip)
+    return {"fp8": data}
+
+
 def _option_arguments(options: Mapping[str, Any]) -> list[Any]:
     if "fp8" in options:
-        from kopt.fp8.config import Fp8Config
+        from kopt.fp8.config import Fp8Config, QualityGate
 
-        return [Fp8Config(**options["fp8"])]
+        data = dict(options["fp8"])
+        if isinstance(data.get("gate"), Mapping):
+            data["gate"] = QualityGate(**data["gate"])
+        return [Fp8Config(**data)]
     return []
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kopt.agent.candidate import Candidate
-from kopt.agent.pipeline_choice import SDPA, PipelineChoice, to_candidate
+from kopt.agent.pipeline_choice import SDPA, PipelineChoice, fp8_options, to_candidate
 
 FP8_PASSES = ("fp8-linear", "fuse-activation-quant", "fuse-adaln-quant", "fp8-attention",
               "fuse-attention-output-quant", "fp8-gemv")
@@ -73,10 +73,7 @@ def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
     for granularity in Granularity:
         config = dataclasses.replace(fp8, granularity=granularity)
         passes = with_fp8(resolve(list(base)), config)
-        options = {"granularity": granularity.value}
-        if config.attention:
-            options["attention"] = True
-        encoded = json.dumps({"fp8": options}, sort_keys=True)
+        encoded = json.dumps(fp8_options(config), sort_keys=True)
         with_options = tuple((p.name, encoded) for p in passes if p.name in ("fp8-linear", "fp8-attention"))
         choices.append(PipelineChoice(tuple(p.name for p in passes), tuple(base), with_options,
                                       change=f"fp8 {granularity.value} scales"))

@@ -116,3 +116,21 @@ def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp
     with KnowledgeBase(bad_kb) as kb:
         assert kb.latest()[-1].status is Status.REJECTED
 
+
+
+def test_fp8_config_gives_one_choice_per_granularity_with_the_config_kept():
+    """With an FP8 config, each granularity is a choice whose fp8-linear gets that config (the user's
+    skip patterns kept), built again from the JSON the KB stores."""
+    from kopt.fp8.config import Fp8Config, Granularity
+    from kopt.agent.propose.pipeline import fp8_choices
+
+    config = Fp8Config(skip=("*.proj_out.*",), min_features=64)
+    choices = fp8_choices(base_pipeline(), config)
+    assert len(choices) == len(Granularity)
+    for choice in choices:
+        rebuilt = PipelineChoice.from_dict(json.loads(json.dumps(choice.to_dict())))
+        linear = next(p for p in rebuilt.build() if p.name == "fp8-linear")
+        assert linear.config.granularity.value in choice.change and linear.config.skip == ("*.proj_out.*",)
+        assert linear.config.min_features == 64 and "staging" == rebuilt.passes[-1]
+    row = next(c for c in choices if "row" in c.change)
+    assert "fuse-adaln-quant" in row.passes and "residual-fp32" not in row.passes
