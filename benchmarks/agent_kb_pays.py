@@ -81,6 +81,7 @@ def run(out: Path, *, seed: int = 0) -> dict:
 
 def _plot(data: dict, path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -90,6 +91,7 @@ def _plot(data: dict, path: Path) -> None:
         curve = data[name]["gain_curve"]
         ax.plot(range(len(curve)), [100 * g for g in curve], style, markersize=3,
                 label=f"{name}: 80% of final gain after {data[name]['evaluations_to_80pct']} evaluations")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("evaluations on model B")
     ax.set_ylabel("model time saved (%, cost model)")
     ax.set_title("model B searched cold vs after model A (same knowledge base)")
