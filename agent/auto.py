@@ -10,8 +10,8 @@ shapes, dtypes, strides) and only if it was accepted in this environment (same G
 triton, kopt: its numbers were measured here); on first use in a process it is verified again in the
 sandbox (the verifier or the environment's libraries may have changed since), and a candidate that
 fails is not applied: the report's near misses say why, and the KB gets a re-evaluation record
-(status ``rejected``, superseding the accepted one) so later runs do not try it again. Pipeline choices (another pass list for one graph signature)
-apply the same way, through :mod:`kopt.agent.auto_pipeline`.
+(status ``rejected``, superseding the accepted one) so later runs do not try it again. Pipeline
+choices (another pass list for one graph signature) apply the same way, through :mod:`kopt.agent.auto_pipeline`.
 """
 
 from __future__ import annotations

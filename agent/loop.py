@@ -129,7 +129,8 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
             incumbent = accepted.get(candidate.region_signature)
             micro_result = micro.check(occurrence, candidate, incumbent)
             if not micro_result.passed:
-                return Evaluation(candidate, Status.SLOWER, micro_result.reason, verdict, micro=micro_result.measurement)
+                return Evaluation(candidate, Status.SLOWER, micro_result.reason, verdict,
+                                  micro=micro_result.measurement)
     try:
         result = measure(graphs, accepted, candidate, clock, bench_config)
     except Exception as error:  # noqa: BLE001 - an evaluation that fails is recorded, never fatal
@@ -223,7 +224,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 skipped += 1
                 continue
             log.info("agent: candidate %d (%s %s) for region %s", len(evaluations) + 1, candidate.kind.value,
-                     ", ".join(f"{k}={v}" for k, v in candidate.params[1:] or candidate.params), candidate.region_signature[:12])
+                     ", ".join(f"{k}={v}" for k, v in candidate.params[1:] or candidate.params),
+                     candidate.region_signature[:12])
             evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
                                   verify_config, bench_config, bench, first.get(candidate.region_signature))
             e2e = evaluation.e2e.speedup if evaluation.e2e else None

@@ -117,7 +117,8 @@ def to_candidate(signature: str, choice: PipelineChoice, *, origin: str = "searc
     return Candidate(signature, CandidateKind.PASS_CHOICE, json.dumps(choice.to_dict(), sort_keys=True),
                      choice.contract, entry_point="pipeline", why=why or choice.change, origin=origin,
                      shape_specialized=True,
-                     params=(("change", choice.change),) + ((("on_top_of", choice.on_top_of),) if choice.on_top_of else ()))
+                     params=(("change", choice.change),)
+                     + ((("on_top_of", choice.on_top_of),) if choice.on_top_of else ()))
 
 
 def rebased(candidate: Candidate, accepted: Candidate | None) -> Candidate:

@@ -97,7 +97,8 @@ def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp
     assert _pass_record(plain, dropped).total_matches > 0 and _pass_record(compiled, dropped).total_matches == 0
     assert _rel_err(out, reference_forward(model, fresh)) < 1e-5
 
-    broken = PipelineChoice((*from_candidate(kept[0].candidate).passes[:-1], "codegen-fuse", "staging"), base_pipeline(),
+    kept_passes = from_candidate(kept[0].candidate).passes
+    broken = PipelineChoice((*kept_passes[:-1], "codegen-fuse", "staging"), base_pipeline(),
                             options=(("codegen-fuse", json.dumps({"fp8": {"granularity": "no-such-granularity"}})),),
                             change="planted: options the pass cannot take")
     planted = Candidate(kept[0].candidate.region_signature, CandidateKind.PASS_CHOICE, json.dumps(broken.to_dict()),
@@ -110,7 +111,7 @@ def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp
     compiled = kopt.compile(model, passes="auto", lower="eager", kb=bad_kb, check_lowering=False)
     out = compiled(fresh)
     select = _pass_record(compiled, "kb-pipeline")
-    assert any("failed re-verification" in m.reason for m in select.near_misses), (select.notes, select.near_misses, select.status)
+    assert any("failed re-verification" in m.reason for m in select.near_misses), select.notes
     assert _pass_record(compiled, "bias-absorption").total_matches > 0  # the base list ran
     assert _rel_err(out, reference_forward(model, fresh)) < 1e-5
     with KnowledgeBase(bad_kb) as kb:

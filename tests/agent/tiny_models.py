@@ -30,7 +30,8 @@ class TinyAttentionBlock(nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.up, self.gate, self.down = nn.Linear(width, 2 * width), nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+        self.up, self.gate = nn.Linear(width, 2 * width), nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, w = x.shape
