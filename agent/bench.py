@@ -22,7 +22,6 @@ those graphs, synchronized on a GPU; run as FX op by op, or lowered by Inductor 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 import statistics
@@ -90,7 +89,7 @@ def applied_one(graph: Any, chosen: Mapping[str, Candidate]) -> torch.fx.GraphMo
             cache[choice.content_hash] = run_choice(graph.original, from_candidate(choice), graph.index)
         module = structural_copy(cache[choice.content_hash])
     else:
-        module = copy.deepcopy(graph.graph_module)
+        module = structural_copy(graph.graph_module)  # shares the weights: applying rewrites only the graph
     regions = region_candidates(chosen)
     if regions:
         apply_candidates(module, regions)
@@ -129,6 +128,8 @@ class WallClock:
     def _modules(self, chosen: Mapping[str, Candidate]) -> list[Any]:
         key = tuple(sorted(c.content_hash for c in chosen.values()))
         if key not in self._built:
+            while len(self._built) >= 2:  # an A/B needs two; older ones hold compiled code and derived constants
+                self._built.pop(next(iter(self._built)))
             modules: list[Any] = applied(self.graphs, chosen)
             if self.lower == "inductor":
                 from kopt.config import Lowering
