@@ -18,15 +18,24 @@ The loop (issue 19), each stage its own module:
 * :mod:`.profile` and :mod:`.floor` — time per region (torch.profiler, ``record_function`` per region;
   device time on a GPU, CPU time on the CPU), its roofline floor, ranking by (time − floor) × count.
 * :mod:`.propose.search` — offline: generated kernels per region with launch variants (codegen).
+  :mod:`.propose.pipeline` — offline: pipeline choices per graph (:mod:`.pipeline_choice`): each
+  opt-in pass added, each default pass left out, each attention shape on another SDPA backend
+  (:mod:`.sdpa_backend`), the FP8 granularities where an FP8 config is given.
+  :mod:`.propose.warm` — orders search proposals by what the KB learned on other models.
   :mod:`.propose.llm` — Claude via the anthropic SDK (tool use), every exchange recorded, replayable.
 * :mod:`.apply` — a verified candidate replaces every occurrence of its region (a custom op).
-* :mod:`.bench` — whole-model interleaved A/B, bootstrap CI, quality against the reference;
+* :mod:`.micro` — a region candidate timed alone first; one not 1% faster than what the region
+  runs now is stopped before the end-to-end A/B (a ``slower`` record with the micro numbers).
+* :mod:`.bench` — whole-model interleaved A/B, bootstrap CI, quality against the reference; the
+  graphs run as FX or lowered by Inductor (``lower="inductor"``: what a GPU user gets);
   :mod:`.cost_model` — the deterministic clock CPU tests ask for by name.
 * :mod:`.loop` — ``optimize(model, example_inputs, budget_min=, proposer=, kb_path=, seed=)``,
   resumable from the KB; :mod:`.report` — the table and the PNG plot; :mod:`.cli` — ``kopt optimize``.
-* :mod:`.auto` — ``kopt.compile(passes="auto")`` applies the KB's wins here, re-verified on first use.
+* :mod:`.auto` — ``kopt.compile(passes="auto")`` applies the KB's wins here, re-verified on first use;
+  :mod:`.auto_pipeline` — the same for pipeline choices (another pass list per graph signature).
 
-Not yet: pass-choice and autotune-config candidates, micro-benchmark pruning, a worker pool / Ray.
+Not yet: autotune-config candidates of kopt's kernels, FP8 granularity per layer (per graph only),
+a worker pool (one process per GPU) / Ray.
 """
 
 from kopt.agent.candidate import Candidate, CandidateKind, Convention, original_candidate

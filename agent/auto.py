@@ -10,7 +10,8 @@ shapes, dtypes, strides) and only if it was accepted in this environment (same G
 triton, kopt: its numbers were measured here); on first use in a process it is verified again in the
 sandbox (the verifier or the environment's libraries may have changed since), and a candidate that
 fails is not applied: the report's near misses say why, and the KB gets a re-evaluation record
-(status ``rejected``, superseding the accepted one) so later runs do not try it again.
+(status ``rejected``, superseding the accepted one) so later runs do not try it again. Pipeline
+choices (another pass list for one graph signature) apply the same way, through :mod:`kopt.agent.auto_pipeline`.
 """
 
 from __future__ import annotations
@@ -53,9 +54,13 @@ def with_knowledge_base(passes: object, kb: str | Path | bool | None = None, *, 
     path = knowledge_base_path(kb)
     if path is None or not (uses_auto(passes) if auto is None else auto):
         return passes
+    from kopt.agent.auto_pipeline import accepted_choices, switched
     from kopt.passes.pipeline import resolve
 
     resolved = resolve(passes)
+    choices = accepted_choices(path, [p.name for p in resolved])
+    if choices:  # pipeline choices for some graphs (kopt.agent.auto_pipeline)
+        resolved = switched(resolved, choices, path)
     names = [p.name for p in resolved]
     at = names.index("staging") if "staging" in names else len(resolved)
     return [*resolved[:at], KnowledgeBasePass(path), *resolved[at:]]

@@ -13,14 +13,15 @@ win in isolation and lose in the model: layouts, launch order, caches). The rule
 
 The model here is its captured graphs after the passes (:mod:`kopt.agent.graphs`), run in order;
 a candidate set is applied to copies of them (:mod:`kopt.agent.apply`), which takes milliseconds,
-so no whole-model recompile per candidate. Clocks: :class:`WallClock` (real time of those graphs,
-run as FX op by op, synchronized on a GPU) or, only when asked,
+so no whole-model recompile per candidate; a pipeline choice reruns its passes on the graph before
+passes (:mod:`kopt.agent.pipeline_choice`), once per choice. Clocks: :class:`WallClock` (real time of
+those graphs, synchronized on a GPU; run as FX op by op, or lowered by Inductor with
+``lower="inductor"``, which is what GPU numbers must use) or, only when asked,
 :class:`kopt.agent.cost_model.CostModelClock` (deterministic, for CPU tests).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 import statistics
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from kopt.agent.apply import apply_candidates
-from kopt.agent.candidate import Candidate
+from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.kb.records import Measurement
 from kopt.passes.base import Contract
 
@@ -63,37 +64,84 @@ class E2EResult:
                 "quality": list(self.quality), "clock": self.clock}
 
 
+def pipeline_choice_for(graph: Any, chosen: Mapping[str, Candidate]) -> Candidate | None:
+    """The pipeline choice in ``chosen`` for ``graph`` (keyed by its signature before passes), if any."""
+    if not any(c.kind is CandidateKind.PASS_CHOICE for c in chosen.values()):
+        return None
+    found = chosen.get(graph.signature)
+    return found if found is not None and found.kind is CandidateKind.PASS_CHOICE else None
+
+
+def region_candidates(chosen: Mapping[str, Candidate]) -> dict[str, Candidate]:
+    return {s: c for s, c in chosen.items() if c.kind is not CandidateKind.PASS_CHOICE}
+
+
+def applied_one(graph: Any, chosen: Mapping[str, Candidate]) -> torch.fx.GraphModule:
+    """A copy of one graph with ``chosen`` applied: its pipeline choice (the passes run again on the
+    graph before passes), then the region candidates wherever their signatures occur."""
+    from kopt.agent.pipeline_choice import from_candidate, run_choice, structural_copy
+
+    choice = pipeline_choice_for(graph, chosen)
+    if choice is not None:
+        cache = graph.choice_graphs  # the passes run once per choice and graph
+        if choice.content_hash not in cache:
+            cache.clear()  # one at a time: each holds the constants its passes derived
+            cache[choice.content_hash] = run_choice(graph.original, from_candidate(choice), graph.index)
+        module = structural_copy(cache[choice.content_hash])
+    else:
+        module = structural_copy(graph.graph_module)  # shares the weights: applying rewrites only the graph
+    regions = region_candidates(chosen)
+    if regions:
+        apply_candidates(module, regions)
+    return module
+
+
 def applied(graphs: Sequence[Any], chosen: Mapping[str, Candidate]) -> list[torch.fx.GraphModule]:
     """Copies of the graphs with ``chosen`` applied."""
-    copies = []
-    for graph in graphs:
-        module = copy.deepcopy(graph.graph_module)
-        if chosen:
-            apply_candidates(module, chosen)
-        copies.append(module)
-    return copies
+    return [applied_one(graph, chosen) for graph in graphs]
 
 
-def _run_all(modules: Sequence[torch.fx.GraphModule], graphs: Sequence[Any]) -> list[Any]:
+def _run_all(modules: Sequence[Any], graphs: Sequence[Any]) -> list[Any]:
     with torch.no_grad():
         return [module(*graph.args) for module, graph in zip(modules, graphs, strict=True)]
 
 
 @dataclasses.dataclass
 class WallClock:
-    """Real time per model call: the graphs with a candidate set applied, run in order."""
+    """Real time per model call: the graphs with a candidate set applied, run in order.
+
+    ``lower="eager"`` runs them as FX op by op; ``lower="inductor"`` lowers each with Inductor
+    (:func:`kopt.lower.lower`), as ``kopt.compile`` does, so a GPU number is what a user gets (kopt's
+    staging split and CUDA graphs are not applied here; both act alike on A and B)."""
 
     graphs: Sequence[Any]
     name: str = "wall"
+    lower: str = "eager"
 
     def __post_init__(self) -> None:
-        self._built: dict[tuple[str, ...], list[torch.fx.GraphModule]] = {}
+        if self.lower not in ("eager", "inductor"):
+            raise ValueError(f"lower must be 'eager' or 'inductor', got {self.lower!r}")
+        if self.lower == "inductor" and self.name == "wall":
+            self.name = "wall-inductor"
+        self._built: dict[tuple[str, ...], list[Any]] = {}
 
-    def _modules(self, chosen: Mapping[str, Candidate]) -> list[torch.fx.GraphModule]:
+    def _modules(self, chosen: Mapping[str, Candidate]) -> list[Any]:
         key = tuple(sorted(c.content_hash for c in chosen.values()))
         if key not in self._built:
-            self._built[key] = applied(self.graphs, chosen)
-            _run_all(self._built[key], self.graphs)  # warm-up: kernels compile at their first launch
+            while len(self._built) >= 2:  # an A/B needs two; older ones hold compiled code and derived constants
+                self._built.pop(next(iter(self._built)))
+            modules: list[Any] = applied(self.graphs, chosen)
+            if self.lower == "inductor":
+                from kopt.config import Lowering
+                from kopt.fx.symbolic import lowering_examples
+                from kopt.lower import lower
+
+                with torch.no_grad():  # an inference graph, as kopt's backend lowers it
+                    modules = [lower(m, lowering_examples(m, list(g.args)), Lowering.INDUCTOR)
+                               for m, g in zip(modules, self.graphs, strict=True)]
+            self._built[key] = modules
+            for _ in range(2):  # warm-up: kernels compile at their first launch, lazy setup at the second
+                _run_all(self._built[key], self.graphs)
         return self._built[key]
 
     def time_once(self, chosen: Mapping[str, Candidate]) -> float:
@@ -143,21 +191,22 @@ def fresh_args(args: Sequence[Any], seed: int) -> list[Any]:
 
 
 def quality(graphs: Sequence[Any], chosen: Mapping[str, Candidate], contract: Contract, seed: int) -> list[dict]:
-    """Outputs of the graphs with ``chosen`` applied vs the higher-precision reference, on fresh inputs."""
-    from kopt.reference import run_reference
-    from kopt.verify import compare
+    """Outputs of the graphs with ``chosen`` applied vs the higher-precision reference, on fresh inputs.
+    A graph under a pipeline choice is judged against its graph before passes, within the choice's
+    contract combined with ``contract`` (:mod:`kopt.agent.pipeline_choice`)."""
+    from kopt.agent.pipeline_choice import from_candidate, output_checks
 
     checks = []
-    modules = applied(graphs, chosen)
-    for module, graph in zip(modules, graphs, strict=True):
+    for graph in graphs:
+        module = applied_one(graph, chosen)
         args = fresh_args(graph.args, seed)
-        with torch.no_grad():
-            eager = graph.graph_module(*args)
-            got = module(*args)
-            reference = run_reference(graph.graph_module, *args)
-        for check in compare(got, eager, contract, reference=reference):
-            checks.append({"graph": graph.index, "output": check.output, "ok": check.ok, "rel_err": check.rel_err,
-                           "cosine": check.cosine, "verdict": check.verdict})
+        choice = pipeline_choice_for(graph, chosen)
+        if choice is not None:
+            budget = from_candidate(choice).contract
+            budget = budget if choice.contract == contract else budget.combine(contract)
+            checks.extend(output_checks(graph.original, module, args, budget, graph.index))
+        else:
+            checks.extend(output_checks(graph.graph_module, module, args, contract, graph.index))
     return checks
 
 

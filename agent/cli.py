@@ -36,7 +36,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     inputs = workload.inputs(args.size, device=device, dtype=dtype, seed=args.seed)
     result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=args.kb,
                       seed=args.seed, clock="cost-model" if args.cost_model else None, model_name=workload.name,
-                      max_candidates=args.max_candidates, progress=args.progress)
+                      max_candidates=args.max_candidates, progress=args.progress,
+                      lower=args.lower or ("inductor" if args.size == "full" else "eager"),
+                      micro=args.micro, pipelines=args.pipelines)
     print(result.table())
     plot = result.plot(Path(args.plot))
     print(f"plot: {plot}\nknowledge base: {result.kb_path}")
@@ -63,6 +65,12 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
     command.add_argument("--cost-model", action="store_true",
                          help="judge speed with the deterministic cost model instead of the clock (CPU tests)")
     command.add_argument("--max-candidates", type=int, default=None)
+    command.add_argument("--lower", choices=["eager", "inductor"], default=None,
+                         help="how the end-to-end A/B runs the graphs (default: inductor for --size full, else eager)")
+    command.add_argument("--micro", action=argparse.BooleanOptionalAction, default=True,
+                         help="time region candidates alone first and stop those not 1%% faster")
+    command.add_argument("--pipelines", action=argparse.BooleanOptionalAction, default=True,
+                         help="also propose pipeline choices (opt-in/left-out passes, attention backends)")
     command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
     command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)

@@ -23,11 +23,24 @@ from kopt.passes.base import Pass
 
 @dataclasses.dataclass
 class ProbedGraph:
-    """One captured graph after the passes, and the real arguments its placeholders had."""
+    """One captured graph after the passes, the real arguments its placeholders had, and the graph
+    before any pass (``original``: what a pipeline choice rewrites; it shares the weights)."""
 
     graph_module: torch.fx.GraphModule
     args: list[Any]
     index: int
+    original: torch.fx.GraphModule | None = None
+    _signature: str | None = dataclasses.field(default=None, repr=False)
+    choice_graphs: dict[str, torch.fx.GraphModule] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def signature(self) -> str:
+        """The signature of the graph before any pass (:func:`kopt.agent.pipeline_choice.graph_signature`)."""
+        if self._signature is None:
+            from kopt.agent.pipeline_choice import graph_signature
+
+            self._signature = graph_signature(self.original if self.original is not None else self.graph_module)
+        return self._signature
 
 
 def passes_before_staging(extra: Sequence[Pass] = ()) -> list[Pass]:
@@ -46,6 +59,7 @@ def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mappi
                    passes: Sequence[Pass] | None = None) -> list[ProbedGraph]:
     """Every graph dynamo finds in one call of ``model``, captured and rewritten by ``passes``
     (default :func:`passes_before_staging`), with the call's real user arguments."""
+    from kopt.agent.pipeline_choice import structural_copy
     from kopt.dynamo_cache import compile_isolated
     from kopt.passes.manager import run_passes
 
@@ -57,8 +71,9 @@ def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mappi
         placeholders = [n for n in dynamo_graph.graph.nodes if n.op == "placeholder"]
         roles = classify_inputs(placeholders, example, {}, names)
         captured = capture(dynamo_graph, example, roles, in_dynamo=True)
+        original = structural_copy(captured.graph_module)
         run_passes(captured.graph_module, passes, graph_index=len(found))
-        found.append(ProbedGraph(captured.graph_module, list(captured.user_args(example)), len(found)))
+        found.append(ProbedGraph(captured.graph_module, list(captured.user_args(example)), len(found), original))
         return dynamo_graph.forward
 
     compiled = compile_isolated(model, backend, fullgraph=False, dynamic=False)

@@ -1,5 +1,11 @@
 """The agent's loop: profile → propose → verify → benchmark end to end → store, within a time budget.
 
+Two kinds of candidates: a region's replacement (verified in the sandbox against the region, then
+micro-timed alone: :mod:`kopt.agent.micro` stops one not 1% faster before the end-to-end A/B) and a
+pipeline choice for a whole graph (:mod:`kopt.agent.pipeline_choice`; its check is the model output
+against the higher-precision reference, inside the end-to-end measurement). Search proposals are
+ordered by what the knowledge base learned on other models (:mod:`kopt.agent.propose.warm`).
+
 Resumable: every evaluation lands in the knowledge base as it finishes, and a run starts from it:
 what was accepted on this environment is the baseline again, and a candidate already evaluated here
 (by content hash) is skipped. Stopping at any point (budget, Ctrl-C) loses at most the candidate in
@@ -18,9 +24,12 @@ from typing import Any
 import torch
 
 from kopt.agent.bench import BenchConfig, E2EResult, WallClock, measure
-from kopt.agent.candidate import Candidate
+from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.graphs import ProbedGraph, capture_graphs
+from kopt.agent.micro import MicroBench
+from kopt.agent.pipeline_choice import rebased, same_pipeline
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
+from kopt.agent.kb.records import Measurement
 from kopt.agent.profile import Occurrence, Profile, find_occurrences, profile_graphs
 from kopt.agent.verify import Verdict, VerifyConfig, verify
 from kopt.progress import show_progress
@@ -36,8 +45,9 @@ class Evaluation:
     candidate: Candidate
     status: Status
     reason: str
-    verdict: Verdict | None = None
+    verdict: Verdict | dict | None = None
     e2e: E2EResult | None = None
+    micro: Measurement | None = None
 
 
 @dataclasses.dataclass
@@ -68,12 +78,18 @@ class OptimizeResult:
 
 
 def _proposals(proposer: str, occurrences: Sequence[Occurrence], profile: Profile, kb: KnowledgeBase, seed: int,
-               llm: Any) -> Iterator[Candidate]:
+               llm: Any, graphs: Sequence[ProbedGraph] = (), class_keys: Mapping[str, str] | None = None,
+               device: str = "cpu", fp8: Any = None, pipelines: bool = True) -> Iterator[Candidate]:
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
+        from kopt.agent.propose.pipeline import propose_pipelines
         from kopt.agent.propose.search import propose_all
+        from kopt.agent.propose.warm import warm_order
 
-        yield from propose_all(occurrences, ranked, seed=seed)
+        found = list(propose_all(occurrences, ranked, seed=seed))
+        if pipelines:
+            found += list(propose_pipelines(graphs, device=device, fp8=fp8))
+        yield from warm_order(found, kb, class_keys or {})
     if proposer in ("llm", "all"):
         from kopt.agent.propose.llm import LLMProposer
 
@@ -100,24 +116,39 @@ def _resume(kb: KnowledgeBase, signatures: Sequence[str], environment: Any) -> d
 
 
 def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], accepted: Mapping[str, Candidate],
-             clock: Any, verify_config: VerifyConfig, bench_config: BenchConfig) -> Evaluation:
-    """Verify ``candidate`` in the sandbox, then measure it end to end on top of ``accepted``."""
-    verdict = verify(region, candidate, verify_config)
-    if not verdict.accepted:
-        return Evaluation(candidate, Status.REJECTED, f"verifier: {verdict.reason}", verdict)
+             clock: Any, verify_config: VerifyConfig, bench_config: BenchConfig, micro: Any = None,
+             occurrence: Occurrence | None = None) -> Evaluation:
+    """Verify ``candidate`` in the sandbox (a region candidate), time it alone (``micro``), then
+    measure it end to end on top of ``accepted``; a pipeline choice's check is the end-to-end one."""
+    verdict, micro_result = None, None
+    if candidate.kind is not CandidateKind.PASS_CHOICE:
+        verdict = verify(region, candidate, verify_config)
+        if not verdict.accepted:
+            return Evaluation(candidate, Status.REJECTED, f"verifier: {verdict.reason}", verdict)
+        if micro is not None and occurrence is not None:
+            incumbent = accepted.get(candidate.region_signature)
+            micro_result = micro.check(occurrence, candidate, incumbent)
+            if not micro_result.passed:
+                return Evaluation(candidate, Status.SLOWER, micro_result.reason, verdict,
+                                  micro=micro_result.measurement)
     try:
         result = measure(graphs, accepted, candidate, clock, bench_config)
     except Exception as error:  # noqa: BLE001 - an evaluation that fails is recorded, never fatal
         return Evaluation(candidate, Status.ERROR, f"end-to-end run failed: {type(error).__name__}: {error}", verdict)
+    if verdict is None:  # a pipeline choice: the whole-model output check is its verification
+        verdict = {"kind": "whole-model", "accepted": all(q["ok"] for q in result.quality),
+                   "checks": list(result.quality)}
     status = Status.ACCEPTED if result.accepted else Status.SLOWER
-    return Evaluation(candidate, status, result.reason, verdict, result)
+    measured = micro_result.measurement if micro_result else None
+    return Evaluation(candidate, status, result.reason, verdict, result, micro=measured)
 
 
 def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *, budget_min: float = 20.0,
              proposer: str = "search", kb_path: str | Path | None = None, seed: int = 0, clock: Any = None,
              verify_config: VerifyConfig | None = None, bench_config: BenchConfig | None = None,
              model_name: str | None = None, max_candidates: int | None = None, llm: Any = None,
-             progress: bool | None = None) -> OptimizeResult:
+             progress: bool | None = None, micro: bool = True, lower: str = "eager", fp8: Any = None,
+             pipelines: bool = True) -> OptimizeResult:
     """Find, prove and keep rewrites for ``model`` within ``budget_min`` minutes (module docstring).
 
     Args:
@@ -130,6 +161,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         clock: how end-to-end time is measured: a :class:`kopt.agent.bench.WallClock` by default;
             ``"cost-model"`` for :class:`kopt.agent.cost_model.CostModelClock` (CPU tests).
         max_candidates: stop after evaluating this many (skipped ones do not count).
+        micro: time region candidates alone first and stop those not 1% faster (:mod:`kopt.agent.micro`).
+        lower: how the default :class:`~kopt.agent.bench.WallClock` runs the graphs: ``"eager"`` (FX op
+            by op) or ``"inductor"`` (lowered as ``kopt.compile`` does: use this on a GPU).
+        fp8: an :class:`kopt.fp8.config.Fp8Config`: also propose the FP8 pipeline per granularity.
+        pipelines: propose pipeline choices (opt-in passes, left-out passes, attention backends).
     """
     if proposer not in PROPOSERS:
         raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
@@ -148,15 +184,26 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
 
             clock = CostModelClock(graphs, occurrences, seed=seed)
             profile = modelled_profile(graphs, occurrences, clock.model)  # rank as the clock judges
-        clock = clock or WallClock(graphs)
+        clock = clock or WallClock(graphs, lower=lower)
         environment = kb.record_environment(current_environment())
         regions = {o.region.signature: o.region for o in occurrences}
+        first = {}
+        for occurrence in occurrences:
+            first.setdefault(occurrence.region.signature, occurrence)
+        if pipelines and proposer in ("search", "all"):
+            from kopt.agent.pipeline_choice import graph_region
+
+            regions.update({g.signature: graph_region(g.original, model=model_name) for g in graphs})
         for region in regions.values():
             kb.record_region(region, model=model_name)
+        class_keys = {signature: region.class_key for signature, region in regions.items()}
+        device = next((a.device.type for g in graphs for a in g.args if isinstance(a, torch.Tensor)), "cpu")
+        bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""
-        for candidate in _proposals(proposer, occurrences, profile, kb, seed, llm):
+        for candidate in _proposals(proposer, occurrences, profile, kb, seed, llm, graphs, class_keys, device, fp8,
+                                    pipelines):
             if time.monotonic() > deadline:
                 stopped = f"budget of {budget_min:g} min used"
                 break
@@ -165,16 +212,26 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 break
             if candidate.region_signature not in regions:
                 continue
+            if candidate.kind is CandidateKind.PASS_CHOICE:
+                if kb.has_evaluated(candidate, environment):
+                    skipped += 1
+                    continue
+                kept = accepted.get(candidate.region_signature)
+                candidate = rebased(candidate, kept)
+                if kept is not None and same_pipeline(candidate, kept):
+                    continue  # the change is already part of what was kept for this graph
             if kb.has_evaluated(candidate, environment):
                 skipped += 1
                 continue
             log.info("agent: candidate %d (%s %s) for region %s", len(evaluations) + 1, candidate.kind.value,
-                     ", ".join(f"{k}={v}" for k, v in candidate.params[1:]), candidate.region_signature[:12])
+                     ", ".join(f"{k}={v}" for k, v in candidate.params[1:] or candidate.params),
+                     candidate.region_signature[:12])
             evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
-                                  verify_config, bench_config)
+                                  verify_config, bench_config, bench, first.get(candidate.region_signature))
             e2e = evaluation.e2e.speedup if evaluation.e2e else None
             record = kb.record_candidate(candidate, status=evaluation.status, reason=evaluation.reason,
-                                         verdict=evaluation.verdict, e2e=e2e, environment=environment)
+                                         verdict=evaluation.verdict, micro=evaluation.micro, e2e=e2e,
+                                         environment=environment)
             _lesson(kb, regions[candidate.region_signature], evaluation, record)
             if evaluation.status is Status.ACCEPTED:
                 accepted[candidate.region_signature] = candidate

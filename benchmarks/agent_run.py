@@ -5,7 +5,8 @@
 Writes ``$OUT/benchmarks/results/agent_<workload>.json`` and ``.md`` (the candidate table, the
 environment, the clock) and ``agent_<workload>.png`` (time per region before/after vs floor). The
 knowledge base file is meant to be copied back after the run and passed again next time (resume).
-Speed is judged by the wall clock on the GPU (never the cost model here).
+Speed is judged by the wall clock on the GPU (never the cost model here), on the graphs lowered by
+Inductor by default (``--lower eager``: run as FX op by op).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> None:
     parser.add_argument("--proposer", default="search", choices=["search", "llm", "all"])
     parser.add_argument("--kb", default=None, help="knowledge base file (default $OUT/kb.sqlite)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lower", default="inductor", choices=["inductor", "eager"],
+                        help="how the end-to-end A/B runs the graphs (inductor: what kopt.compile users get)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.agent_run needs a CUDA device")
@@ -41,7 +44,7 @@ def main() -> None:
     inputs = workload.inputs("full", device="cuda", dtype=torch.bfloat16, seed=args.seed)
     started = time.time()
     result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=kb,
-                      seed=args.seed, model_name=workload.name, progress=True)
+                      seed=args.seed, model_name=workload.name, progress=True, lower=args.lower)
     stem = f"agent_{workload.name.replace(':', '_')}"
     result.plot(out / f"{stem}.png")
     environment = current_environment()

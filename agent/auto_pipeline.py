@@ -1,0 +1,144 @@
+"""``passes="auto"`` with the knowledge base's pipeline choices: another pass list for matching graphs.
+
+A compile has one pass list for all its graphs; a pipeline choice (:mod:`kopt.agent.pipeline_choice`)
+holds for one graph signature. So the list becomes: :class:`PipelineSelect` first, then the union of
+the base list and every applicable choice's passes, each wrapped in a :class:`ChosenPass` that runs
+its pass only on the graphs whose pipeline includes it. ``PipelineSelect`` computes the graph's
+signature before any pass; where the KB accepted a choice for it (in this environment, measured
+against exactly this base list), the choice is verified again on first use in the process: the
+rewritten graph's outputs on fresh inputs against the higher-precision reference of the graph, within
+the choice's contract. A choice that fails is not used (the graph gets the base list), the report's
+near misses say why, and the KB gets a ``rejected`` record superseding the accepted one.
+
+Why the union is faithful: a choice is an ordered list of names, and each name sits in the union
+after the names that precede it in that list (inserted before the next name both share), so every
+graph sees its own passes in its own order; a pass name never runs twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kopt.passes.base import Contract, Pass, PassContext
+
+RULE = "kb-pipeline"
+CHOICE_KEY = "kopt_agent_choice"  # graph_module.meta: the signature whose choice this graph runs
+_VERIFIED: dict[str, str | None] = {}  # content hash -> None (passed) or why it failed, per process
+_LOCK = threading.Lock()
+
+
+def accepted_choices(path: Path, base: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    """Graph signature -> (candidate, record) of the best accepted pipeline choice measured against
+    ``base`` in this environment."""
+    from kopt.agent.candidate import Candidate, CandidateKind
+    from kopt.agent.kb import KnowledgeBase, Status, current_environment
+    from kopt.agent.pipeline_choice import from_candidate
+
+    found: dict[str, tuple[Any, Any]] = {}
+    with KnowledgeBase(path) as kb:
+        for record in kb.latest(environment=current_environment()):
+            if record.status is not Status.ACCEPTED or record.candidate["kind"] != CandidateKind.PASS_CHOICE.value:
+                continue
+            candidate = Candidate.from_dict(record.candidate)
+            if from_candidate(candidate).base != tuple(base):
+                continue
+            best = found.get(candidate.region_signature)
+            if best is None or (record.e2e.median if record.e2e else 0) > (best[1].e2e.median if best[1].e2e else 0):
+                found[candidate.region_signature] = (candidate, record)
+    return found
+
+
+class ChosenPass(Pass):
+    """One pass name of the union: runs the instance of the graph's pipeline, or nothing."""
+
+    def __init__(self, name: str, instances: Mapping[str | None, Pass]) -> None:
+        self.name, self.instances = name, dict(instances)
+        first = next(iter(self.instances.values()))
+        self.why, self.contract = first.why, first.contract
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        rewrite = self.instances.get(graph_module.meta.get(CHOICE_KEY))
+        if rewrite is not None:
+            rewrite.apply(graph_module, ctx)
+
+
+def _reverify(path: Path, graph_module: torch.fx.GraphModule, candidate: Any, record: Any) -> str | None:
+    from kopt.agent.kb import KnowledgeBase, Status
+    from kopt.agent.pipeline_choice import from_candidate, output_checks, random_args, run_choice, structural_copy
+
+    with _LOCK:
+        if candidate.content_hash in _VERIFIED:
+            return _VERIFIED[candidate.content_hash]
+    choice = from_candidate(candidate)
+    try:
+        original = structural_copy(graph_module)
+        checks = output_checks(original, run_choice(original, choice), random_args(original, seed=0), choice.contract)
+        bad = [c for c in checks if not c["ok"]]
+        reason = f"output {bad[0]['output']}: {bad[0]['verdict']}" if bad else None
+    except Exception as error:  # noqa: BLE001 - a choice that cannot be checked is not used
+        reason = f"could not be checked: {type(error).__name__}: {error}"
+    if reason is not None:
+        with KnowledgeBase(path) as kb:
+            kb.record_candidate(candidate, status=Status.REJECTED, reason=f"re-verification on first use: {reason}",
+                                verdict={"kind": "whole-model", "accepted": False, "reason": reason},
+                                supersedes=record)
+    with _LOCK:
+        _VERIFIED[candidate.content_hash] = reason
+    return reason
+
+
+class PipelineSelect(Pass):
+    """Pick the graph's pipeline: the KB's verified choice for its signature, else the base list."""
+
+    name = RULE
+    why = "chooses which passes run; each chosen pass keeps its own contract (ChosenPass)"
+    contract = Contract.exact()
+
+    def __init__(self, path: Path, choices: Mapping[str, tuple[Any, Any]]) -> None:
+        self.path, self.choices = Path(path), dict(choices)
+
+    def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
+        from kopt.agent.pipeline_choice import from_candidate, graph_signature
+
+        graph_module.meta[CHOICE_KEY] = None
+        signature = graph_signature(graph_module)
+        if signature not in self.choices:
+            return
+        candidate, record = self.choices[signature]
+        reason = _reverify(self.path, graph_module, candidate, record)
+        if reason is not None:
+            ctx.decline(RULE, f"graph {signature[:12]}", f"KB pipeline choice {candidate.content_hash[:12]} failed "
+                                                         f"re-verification: {reason}")
+            return
+        graph_module.meta[CHOICE_KEY] = signature
+        choice = from_candidate(candidate)
+        ctx.notes.append(f"graph {signature[:12]}: KB pipeline choice re-verified: {choice.change}"
+                         f"{' on top of ' + choice.on_top_of if choice.on_top_of else ''} ({record.reason[:80]})")
+
+
+def switched(base: Sequence[Pass], choices: Mapping[str, tuple[Any, Any]], path: Path) -> list[Pass]:
+    """``base`` as :class:`ChosenPass` es with every choice's passes merged in, after :class:`PipelineSelect`."""
+    from kopt.agent.pipeline_choice import from_candidate
+
+    pipelines: dict[str | None, list[Pass]] = {None: list(base)}
+    for signature, (candidate, _) in choices.items():
+        try:
+            pipelines[signature] = from_candidate(candidate).build()
+        except Exception:  # noqa: BLE001 - PipelineSelect re-verifies it, fails, records why; the base runs
+            continue
+    union = [p.name for p in base]
+    for passes in pipelines.values():
+        names = [p.name for p in passes]
+        for k, name in enumerate(names):
+            if name in union:
+                continue
+            later = [n for n in names[k + 1:] if n in union]
+            union.insert(union.index(later[0]) if later else len(union), name)
+    wrapped = [ChosenPass(name, {key: p for key, passes in pipelines.items() for p in passes if p.name == name})
+               for name in union]
+    return [PipelineSelect(path, choices), *wrapped]

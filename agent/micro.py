@@ -1,0 +1,96 @@
+"""Micro pruning: time a region candidate alone before paying for an end-to-end A/B.
+
+A candidate that is not faster than the region it replaces, at the region's own shapes, cannot make
+the model faster through that region (the end-to-end A/B can only add layout and cache effects on
+top), so it is stopped here: a few hundred milliseconds instead of a whole-model benchmark. The bar
+is ``min_gain`` (1%): the region-level speedup's median must reach it. The numbers land in the KB
+as the record's ``micro`` measurement (candidate ms per call, the original's as baseline).
+
+Clocks: the sandboxed harness (:func:`kopt.agent.verify.time_candidate`, a fresh child process per
+candidate; the original region is timed once per region and cached) or, with the deterministic cost
+model, its region times (:meth:`kopt.agent.cost_model.CostModel.candidate_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from typing import Any
+
+from kopt.agent.bench import bootstrap_median
+from kopt.agent.candidate import Candidate, original_candidate
+from kopt.agent.kb.records import Measurement
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroResult:
+    passed: bool
+    reason: str
+    measurement: Measurement | None
+
+
+class MicroBench:
+    """Region-level timing of candidates, the original's timing cached per region."""
+
+    def __init__(self, clock: Any, verify_config: Any = None, *, min_gain: float = 0.01, resamples: int = 1000,
+                 seed: int = 0) -> None:
+        self.clock, self.verify_config, self.min_gain = clock, verify_config, min_gain
+        self.resamples, self.seed = resamples, seed
+        self._original_ms: dict[str, list[float]] = {}
+
+    def _cost_model_ms(self, occurrence: Any, candidate: Candidate | None, stream: int) -> list[float]:
+        model = self.clock.model
+        seconds = model.occurrence_s(occurrence) if candidate is None else model.candidate_s(occurrence, candidate)
+        rng = random.Random(self.seed * 7_919 + stream)
+        return [seconds * 1e3 * (1.0 + rng.gauss(0.0, self.clock.noise)) for _ in range(20)]
+
+    def _harness_ms(self, region: Any, candidate: Candidate) -> list[float] | str:
+        from kopt.agent.verify import time_candidate
+
+        timing, checks = time_candidate(region, candidate, self.verify_config)
+        if timing is None:
+            failed = next((c for c in checks if not c.passed), None)
+            return f"timing failed: {failed.name}: {failed.detail}" if failed else "timing failed"
+        return [ns / 1e6 for ns in timing.samples_ns]
+
+    def _incumbent_ms(self, occurrence: Any, incumbent: Candidate | None) -> list[float] | str:
+        """The time of what the region runs now: the accepted candidate, else the original region."""
+        if self.cost_model:
+            return self._cost_model_ms(occurrence, incumbent, 0)
+        region = occurrence.region
+        key = incumbent.content_hash if incumbent else region.signature
+        if key not in self._original_ms:
+            measured = self._harness_ms(region, incumbent or original_candidate(region))
+            if isinstance(measured, str):
+                return measured
+            self._original_ms[key] = measured
+        return self._original_ms[key]
+
+    @property
+    def cost_model(self) -> bool:
+        return getattr(self.clock, "name", "") == "cost-model"
+
+    def check(self, occurrence: Any, candidate: Candidate, incumbent: Candidate | None = None) -> MicroResult:
+        """Whether ``candidate`` is at least ``min_gain`` faster, alone, than what the region runs now
+        (``incumbent``: the candidate already accepted for it, else the original region)."""
+        original = self._incumbent_ms(occurrence, incumbent)
+        if isinstance(original, str):
+            return MicroResult(True, f"micro skipped: the incumbent could not be timed ({original})", None)
+        if self.cost_model:
+            timed = self._cost_model_ms(occurrence, candidate, int(candidate.content_hash[:8], 16))
+        else:
+            timed = self._harness_ms(occurrence.region, candidate)
+            if isinstance(timed, str):
+                return MicroResult(False, f"micro: {timed}", None)
+        base = statistics.median(original)
+        ratios = [base / t for t in timed]
+        median, low, high = bootstrap_median(ratios, self.resamples, self.seed)
+        measurement = Measurement("ms", statistics.median(timed), base / high, base / low, len(timed), baseline=base)
+        against = "the accepted candidate" if incumbent else "the original region"
+        numbers = (f"{against} {base:.4g} ms -> {statistics.median(timed):.4g} ms "
+                   f"({median:.3f}x, 95% CI [{low:.3f}, {high:.3f}])")
+        if median - 1.0 < self.min_gain:
+            return MicroResult(False, f"micro: not {self.min_gain:.0%} faster at the region level: {numbers}",
+                               measurement)
+        return MicroResult(True, f"micro: {numbers}", measurement)

@@ -1,0 +1,91 @@
+"""Search proposals of pipeline choices (:mod:`kopt.agent.pipeline_choice`), per captured graph.
+
+For each graph, relative to ``passes="auto"`` (the base every choice records):
+
+* each opt-in pass added at its documented position: right before ``staging``
+  (:func:`kopt.passes.pipeline.opt_in_passes`: "Name them explicitly, before staging"); the FP8
+  passes are not proposed on their own (``fp8=...`` adds them with their producer fusions);
+* each default pass left out (not ``staging``, which the compile's split and hoisting rely on);
+* each attention shape on each other backend the device offers (:mod:`kopt.agent.sdpa_backend`);
+* where an FP8 config is given, the FP8 pipeline at each scale granularity
+  (:func:`kopt.passes.pipeline.with_fp8`, the pass options recorded as JSON).
+
+Deterministic: graphs in capture order; within a graph opt-ins, then leave-outs, then attention,
+then FP8, each in pipeline order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from kopt.agent.candidate import Candidate
+from kopt.agent.pipeline_choice import SDPA, PipelineChoice, fp8_options, to_candidate
+
+FP8_PASSES = ("fp8-linear", "fuse-activation-quant", "fuse-adaln-quant", "fp8-attention",
+              "fuse-attention-output-quant", "fp8-gemv")
+
+
+def base_pipeline() -> tuple[str, ...]:
+    from kopt.passes.pipeline import default_pipeline
+
+    return tuple(p.name for p in default_pipeline())
+
+
+def _before_staging(names: Sequence[str], added: Sequence[str]) -> tuple[str, ...]:
+    at = names.index("staging") if "staging" in names else len(names)
+    return (*names[:at], *added, *names[at:])
+
+
+def pass_choices(base: Sequence[str]) -> list[PipelineChoice]:
+    """Opt-in passes added and default passes left out (graph-independent)."""
+    from kopt.passes.pipeline import opt_in_passes
+
+    base = tuple(base)
+    choices = [PipelineChoice(_before_staging(base, [p.name]), base, change=f"add {p.name}")
+               for p in opt_in_passes() if p.name not in FP8_PASSES and p.name not in base]
+    choices += [PipelineChoice(tuple(n for n in base if n != name), base, change=f"drop {name}")
+                for name in base if name != "staging"]
+    return choices
+
+
+def attention_choices(graph_module: Any, base: Sequence[str], device: str) -> list[PipelineChoice]:
+    """Each rewritable attention shape on each other backend ``device`` offers."""
+    from kopt.agent.sdpa_backend import DEVICE_BACKENDS, attention_shapes
+
+    choices = []
+    for shape, current in attention_shapes(graph_module).items():
+        for backend in DEVICE_BACKENDS.get(device, ()):
+            if backend != current:
+                choices.append(PipelineChoice(_before_staging(tuple(base), [SDPA]), tuple(base),
+                                              sdpa=((shape, backend),), change=f"attention {shape} on {backend}"))
+    return choices
+
+
+def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
+    """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity."""
+    from kopt.fp8.config import Granularity
+    from kopt.passes.pipeline import resolve, with_fp8
+
+    choices = []
+    for granularity in Granularity:
+        config = dataclasses.replace(fp8, granularity=granularity)
+        passes = with_fp8(resolve(list(base)), config)
+        encoded = json.dumps(fp8_options(config), sort_keys=True)
+        with_options = tuple((p.name, encoded) for p in passes if p.name in ("fp8-linear", "fp8-attention"))
+        choices.append(PipelineChoice(tuple(p.name for p in passes), tuple(base), with_options,
+                                      change=f"fp8 {granularity.value} scales"))
+    return choices
+
+
+def propose_pipelines(graphs: Sequence[Any], *, device: str = "cpu", fp8: Any = None) -> Iterator[Candidate]:
+    """Pipeline-choice candidates for every graph (module docstring)."""
+    base = base_pipeline()
+    for graph in graphs:
+        choices = pass_choices(base) + attention_choices(graph.graph_module, base, device)
+        if fp8 is not None:
+            choices += fp8_choices(base, fp8)
+        for choice in choices:
+            yield to_candidate(graph.signature, choice)

@@ -1,0 +1,29 @@
+"""The end-to-end clock can time what users get: the graphs lowered by Inductor (CPU here, C++)."""
+
+import torch
+
+from kopt.agent.bench import WallClock, applied
+from kopt.agent.graphs import capture_graphs
+from kopt.agent.propose.pipeline import propose_pipelines
+from tests.agent.tiny_models import tiny_attention_block
+
+
+def test_wall_clock_lowers_with_inductor_including_a_pipeline_choice():
+    """With lower="inductor" the timed callables are Inductor's compiled graphs (not FX modules); with an
+    attention-backend choice applied (the kopt_agent::sdpa op lowers as an extern kernel) the lowered
+    output matches the FX graph's on the captured inputs."""
+    model, inputs = tiny_attention_block()
+    graphs = capture_graphs(model, inputs)
+    choice = next(c for c in propose_pipelines(graphs) if "attention" in dict(c.params)["change"])
+    chosen = {choice.region_signature: choice}
+    clock = WallClock(graphs, lower="inductor")
+    assert clock.name == "wall-inductor"
+    samples = clock.samples(chosen, 3, 0)
+    assert len(samples) == 3 and all(s > 0 for s in samples)
+    (lowered,) = clock._modules(chosen)
+    assert not isinstance(lowered, torch.fx.GraphModule)
+    (fx_module,) = applied(graphs, chosen)
+    with torch.no_grad():
+        got, expected = lowered(*graphs[0].args), fx_module(*graphs[0].args)
+    got, expected = got[0] if isinstance(got, (tuple, list)) else got, expected[0]
+    assert float((got - expected).norm() / expected.norm()) < 1e-5

@@ -1,0 +1,137 @@
+"""Pipeline choices (opt-in / left-out passes, attention backend per shape) through the loop, the KB and
+``kopt.compile(passes="auto")``; micro pruning; all on the CPU with the deterministic cost model."""
+
+import json
+import shutil
+
+import torch
+
+import kopt
+from kopt.agent import optimize
+from kopt.agent.candidate import Candidate, CandidateKind
+from kopt.agent.cost_model import CostModel
+from kopt.agent.graphs import capture_graphs
+from kopt.agent.kb import KnowledgeBase, Status
+from kopt.agent.kb.records import Measurement
+from kopt.agent.pipeline_choice import PipelineChoice, from_candidate, output_checks, random_args, run_choice
+from kopt.agent.propose.pipeline import attention_choices, base_pipeline, pass_choices
+from kopt.agent.sdpa_backend import SDPA_OP
+from kopt.passes.base import Contract
+from kopt.passes.pipeline import opt_in_passes
+from kopt.reference import reference_forward
+from tests.agent.tiny_models import sigmoid_gelu_mlp, tiny_attention_block
+
+
+def _rel_err(got: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((got.double() - reference).norm() / reference.norm())
+
+
+def _pass_record(compiled: object, name: str) -> object:
+    return next(r for r in compiled.kopt_report.graphs[-1].passes if r.name == name)
+
+
+def test_search_proposes_each_opt_in_and_each_left_out_pass():
+    """One choice per non-FP8 opt-in pass (before staging) and one per default pass but staging."""
+    base = base_pipeline()
+    changes = {c.change: c for c in pass_choices(base)}
+    assert "add codegen-fuse" in changes and changes["add codegen-fuse"].passes[-2:] == ("codegen-fuse", "staging")
+    assert {f"drop {n}" for n in base if n != "staging"} <= set(changes)
+    assert "drop residual-fp32" in changes and "residual-fp32" not in changes["drop residual-fp32"].passes
+    assert not any("fp8" in c for c in changes) and "drop staging" not in changes
+    assert {p.name for p in opt_in_passes()} >= {"codegen-fuse"}
+
+
+def test_attention_backend_choice_is_rewritten_checked_and_costed():
+    """The attention node of one shape runs on the math backend via kopt_agent::sdpa: the output stays
+    within the contract against the float64 reference on fresh inputs; the cost model charges math more."""
+    model, inputs = tiny_attention_block()
+    graph = capture_graphs(model, inputs)[0]
+    (choice,) = attention_choices(graph.graph_module, base_pipeline(), "cpu")
+    assert choice.sdpa[0][1] == "math" and choice.change.startswith("attention q[2, 2, 24, 16]")
+    rewritten = run_choice(graph.original, choice)
+    assert sum(n.target is SDPA_OP for n in rewritten.graph.nodes) == 1
+    checks = output_checks(graph.original, rewritten, random_args(graph.original, seed=3), choice.contract)
+    assert checks and all(c["ok"] for c in checks) and 0 < checks[0]["rel_err"] < 1e-5
+    cost = CostModel()
+    assert cost.graph_s(rewritten) > cost.graph_s(run_choice(graph.original, PipelineChoice(choice.base, choice.base)))
+
+
+def test_choices_compose_on_what_was_kept():
+    """A later change is measured on top of the accepted one: both changes in one pass list."""
+    base = base_pipeline()
+    changes = {c.change: c for c in pass_choices(base)}
+    both = changes["add codegen-fuse"].applied_to(changes["drop bias-absorption"])
+    assert "bias-absorption" not in both.passes and both.passes[-2:] == ("codegen-fuse", "staging")
+    assert both.on_top_of == "drop bias-absorption" and both.base == base
+
+
+def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp_path):
+    """The loop evaluates pipeline choices against the whole-model reference, keeps one that wins end to
+    end, stops region variants no faster than the kept one at the region level (KB record with a micro
+    measurement, no E2E); kopt.compile(passes="auto") then runs the chosen pass list for that graph after
+    re-verifying it, and a stored choice that cannot be re-verified is not used."""
+    model, inputs = sigmoid_gelu_mlp()
+    kb_path = tmp_path / "kb.sqlite"
+    result = optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", seed=0, model_name="mlp")
+    choices = [e for e in result.evaluations if e.candidate.kind is CandidateKind.PASS_CHOICE]
+    assert len(choices) >= 9 and all(e.verdict["kind"] == "whole-model" for e in choices)
+    kept = [e for e in choices if e.status is Status.ACCEPTED]
+    assert len(kept) == 1 and kept[0].e2e.speedup.ci_low > 1.0 and all(q["ok"] for q in kept[0].e2e.quality)
+    change = dict(kept[0].candidate.params)["change"]
+    later = choices[choices.index(kept[0]) + 1:]
+    assert later and all(dict(e.candidate.params)["on_top_of"] == change for e in later)
+    pruned = [e for e in result.evaluations if e.reason.startswith("micro: not 1% faster")]
+    assert pruned and all(e.status is Status.SLOWER and e.e2e is None for e in pruned)
+    with KnowledgeBase(kb_path) as kb:
+        record = next(r for r in kb.candidates() if r.candidate_hash == pruned[0].candidate.content_hash)
+        assert record.micro is not None and record.micro.baseline > 0 and record.e2e is None
+
+    fresh = torch.randn(2, 24, 32)
+    plain = kopt.compile(model, passes="auto", lower="eager", kb=False, check_lowering=False)
+    plain(fresh)
+    compiled = kopt.compile(model, passes="auto", lower="eager", kb=kb_path, check_lowering=False)
+    out = compiled(fresh)
+    select = _pass_record(compiled, "kb-pipeline")
+    assert any("re-verified" in n and change in n for n in select.notes)
+    dropped = change.removeprefix("drop ")
+    assert _pass_record(plain, dropped).total_matches > 0 and _pass_record(compiled, dropped).total_matches == 0
+    assert _rel_err(out, reference_forward(model, fresh)) < 1e-5
+
+    kept_passes = from_candidate(kept[0].candidate).passes
+    broken = PipelineChoice((*kept_passes[:-1], "codegen-fuse", "staging"), base_pipeline(),
+                            options=(("codegen-fuse", json.dumps({"fp8": {"granularity": "no-such-granularity"}})),),
+                            change="planted: options the pass cannot take")
+    planted = Candidate(kept[0].candidate.region_signature, CandidateKind.PASS_CHOICE, json.dumps(broken.to_dict()),
+                        Contract.tolerance(1e-2), entry_point="pipeline", origin="test")
+    bad_kb = tmp_path / "bad.sqlite"
+    shutil.copy(kb_path, bad_kb)
+    with KnowledgeBase(bad_kb) as kb:  # the best stored speedup: the one passes="auto" picks
+        kb.record_candidate(planted, status=Status.ACCEPTED, reason="planted: accepted by an older kopt",
+                            e2e=Measurement("speedup", 9.0, 8.0, 10.0, 20))
+    compiled = kopt.compile(model, passes="auto", lower="eager", kb=bad_kb, check_lowering=False)
+    out = compiled(fresh)
+    select = _pass_record(compiled, "kb-pipeline")
+    assert any("failed re-verification" in m.reason for m in select.near_misses), select.notes
+    assert _pass_record(compiled, "bias-absorption").total_matches > 0  # the base list ran
+    assert _rel_err(out, reference_forward(model, fresh)) < 1e-5
+    with KnowledgeBase(bad_kb) as kb:
+        assert kb.latest()[-1].status is Status.REJECTED
+
+
+
+def test_fp8_config_gives_one_choice_per_granularity_with_the_config_kept():
+    """With an FP8 config, each granularity is a choice whose fp8-linear gets that config (the user's
+    skip patterns kept), built again from the JSON the KB stores."""
+    from kopt.fp8.config import Fp8Config, Granularity
+    from kopt.agent.propose.pipeline import fp8_choices
+
+    config = Fp8Config(skip=("*.proj_out.*",), min_features=64)
+    choices = fp8_choices(base_pipeline(), config)
+    assert len(choices) == len(Granularity)
+    for choice in choices:
+        rebuilt = PipelineChoice.from_dict(json.loads(json.dumps(choice.to_dict())))
+        linear = next(p for p in rebuilt.build() if p.name == "fp8-linear")
+        assert linear.config.granularity.value in choice.change and linear.config.skip == ("*.proj_out.*",)
+        assert linear.config.min_features == 64 and "staging" == rebuilt.passes[-1]
+    row = next(c for c in choices if "row" in c.change)
+    assert "fuse-adaln-quant" in row.passes and "residual-fp32" not in row.passes
