@@ -8,7 +8,8 @@ For each graph, relative to ``passes="auto"`` (the base every choice records):
 * each default pass left out (not ``staging``, which the compile's split and hoisting rely on);
 * each attention shape on each other backend the device offers (:mod:`kopt.agent.sdpa_backend`);
 * where an FP8 config is given, the FP8 pipeline at each scale granularity
-  (:func:`kopt.passes.pipeline.with_fp8`, the pass options recorded as JSON).
+  (:func:`kopt.passes.pipeline.fp8_pipeline` for the default list, else ``resolve(list, fp8)``; the
+  pass options recorded as JSON).
 
 Deterministic: graphs in capture order; within a graph opt-ins, then leave-outs, then attention,
 then FP8, each in pipeline order.
@@ -67,12 +68,13 @@ def attention_choices(graph_module: Any, base: Sequence[str], device: str) -> li
 def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
     """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity."""
     from kopt.fp8.config import Granularity
-    from kopt.passes.pipeline import resolve, with_fp8
+    from kopt.passes.pipeline import default_pipeline, fp8_pipeline, resolve
 
+    auto = tuple(base) == tuple(p.name for p in default_pipeline())
     choices = []
     for granularity in Granularity:
         config = dataclasses.replace(fp8, granularity=granularity)
-        passes = with_fp8(resolve(list(base)), config)
+        passes = fp8_pipeline(config) if auto else resolve(list(base), config)
         encoded = json.dumps(fp8_options(config), sort_keys=True)
         with_options = tuple((p.name, encoded) for p in passes if p.name in ("fp8-linear", "fp8-attention"))
         choices.append(PipelineChoice(tuple(p.name for p in passes), tuple(base), with_options,
