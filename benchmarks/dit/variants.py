@@ -71,40 +71,22 @@ def _eager(model: nn.Module, setup: Setup) -> Prepared:
 
 
 def _uncompile_blocks(model: nn.Module) -> None:
-    """Undo ``compile_repeated_blocks``: ``nn.Module.compile`` only sets ``_compiled_call_impl``."""
-    for module in model.modules():
-        if getattr(module, "_compiled_call_impl", None) is not None:
-            module._compiled_call_impl = None
+    """Undo ``compile_repeated_blocks`` / :func:`compile_regions`."""
+    from kopt.regional import uncompile_blocks
 
-
-def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
-    """The items of every outermost ``nn.ModuleList`` that have submodules (blocks, not bare linears)."""
-    items: list[nn.Module] = []
-    for child in module.children():
-        if isinstance(child, nn.ModuleList):
-            items += [item for item in child if next(item.children(), None) is not None]
-        else:
-            items += _outermost_list_items(child)
-    return items
+    uncompile_blocks(model)
 
 
 def compile_regions(model: nn.Module, backend: Any = None) -> str:
     """``torch.compile`` (default mode; ``backend`` when given) on each repeated block; returns which
-    blocks, for the notes.
+    blocks, for the notes. The blocks are :func:`kopt.regional.repeated_blocks`' (diffusers'
+    ``_repeated_blocks``, as ``compile_repeated_blocks()`` compiles them; otherwise, for SD3, Sana,
+    PixArt, transformers LLMs, ..., the items of each outermost ModuleList)."""
+    from kopt.regional import compile_blocks
 
-    diffusers' ``compile_repeated_blocks()`` where the model declares ``_repeated_blocks``; otherwise
-    (SD3, Sana, PixArt, transformers LLMs, ...) the same on the blocks of each outermost ModuleList."""
-    options = {} if backend is None else {"backend": backend}
-    if getattr(model, "_repeated_blocks", None):
-        model.compile_repeated_blocks(**options)
-        return ", ".join(model._repeated_blocks)
-    blocks = _outermost_list_items(model)
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no ModuleList of blocks")
-    for block in blocks:
-        block.compile(**options)
-    names = sorted({type(block).__name__ for block in blocks})
-    return f"{', '.join(names)} (ModuleList items: the model declares no _repeated_blocks)"
+    names = ", ".join(compile_blocks(model, backend if backend is not None else "inductor"))
+    declared = bool(getattr(model, "_repeated_blocks", None))
+    return names if declared else f"{names} (ModuleList items: the model declares no _repeated_blocks)"
 
 
 def _regional_compile(model: nn.Module, setup: Setup) -> Prepared:
