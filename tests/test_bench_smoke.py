@@ -182,7 +182,7 @@ def test_model_mutating_variants_run_last() -> None:
 
 def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():
     """Timed calls walk through distinct timestep values (bf16), so a memo cannot hit across steps."""
-    from benchmarks.dit.dit import stepping_cfg_pair, stepping_forward
+    from benchmarks.dit.calls import stepping_cfg_pair, stepping_forward
     from kopt.workloads import get_workload
 
     seen = []

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import faulthandler
-import itertools
-import logging
 import os
 import shutil
 import signal
@@ -43,6 +40,8 @@ import torch
 
 from benchmarks.dit import results_io
 from benchmarks.dit.breakdown import profile_breakdown
+from benchmarks.dit.calls import repeating_forward, stepping_cfg_pair, stepping_forward
+from benchmarks.dit.log import Log
 from benchmarks.dit.ceilings import count_flops, floors, measure_ceilings
 from benchmarks.dit.measure import (
     allocated_gb,
@@ -58,37 +57,8 @@ from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, sele
 from kopt.kernels import _autotune
 from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
-from kopt.workloads.base import step_factor
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-class Log:
-    """Timestamped, flushed progress lines: a run cut off by a time limit still shows where it was."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def __call__(self, message: str) -> None:
-        clock = datetime.datetime.now().strftime("%H:%M:%S")
-        print(f"[{clock} +{self.elapsed():6.1f}s] {message}", flush=True)
-
-    def show_kopt_progress(self) -> None:
-        """kopt's INFO lines (each pass, each lowering stage, each autotuning) in this log's format, so
-        a compile cut off by a time limit shows the step it was in."""
-
-        log = self
-
-        class Forward(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                log(f"  kopt: {record.getMessage()}")
-
-        logger = logging.getLogger("kopt")
-        logger.setLevel(logging.INFO)
-        logger.addHandler(Forward())
 
 
 @dataclasses.dataclass
@@ -203,33 +173,6 @@ class ModelState:
     reference_cfg: torch.Tensor
     eager: torch.Tensor
     eager_cfg: torch.Tensor
-
-
-def stepping_forward(workload: Workload, fn: Any, inputs: dict[str, Any]) -> Any:
-    """One forward per call at denoising step 0, 1, 2, ... (``Workload.at_step``).
-
-    The first call uses the reference inputs (its output is compared with the references); later calls
-    must not repeat a timestep value, or kopt's step-invariant memo would hit on every timed call
-    and the forward row would measure a cache instead of a denoising step.
-    """
-    steps = itertools.count()
-    return lambda: fn(**workload.at_step(inputs, next(steps)))
-
-
-def stepping_cfg_pair(workload: Workload, fn: Any, cond: dict[str, Any], uncond: dict[str, Any]) -> Any:
-    """One CFG pair per call, each at a new timestep value that both halves share."""
-    steps = itertools.count()
-    return lambda: workload.cfg_pair(fn, cond, uncond, t=500.0 * step_factor(next(steps)))
-
-
-def repeating_forward(fn: Any, inputs: dict[str, Any]) -> Any:
-    """Every call at the same timestep value (a fresh tensor each time, as a pipeline makes it).
-
-    For a kopt variant with staging this is the second call of a CFG pair in isolation: after the
-    first call every call hits the step-invariant memo. Timed in the same process as the stepping
-    ``forward`` row, so the two rows give a memo miss against a memo hit of one compiled program.
-    """
-    return lambda: fn(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
 
 
 def replay_status(prepared: Prepared) -> str | None:
