@@ -62,12 +62,12 @@ def test_unsupported_version_steps_aside(monkeypatch, caplog):
 
 def test_a_backend_that_cannot_be_built_keeps_sglang_compiling(monkeypatch, caplog):
     """kopt failing inside the hook (here: building its backend) returns SGLang's kwargs unchanged."""
-    import kopt.api
+    import kopt.backend
 
     def broken(*args, **kwargs):
         raise RuntimeError("kopt cannot build its backend")
 
-    monkeypatch.setattr(kopt.api, "make_backend", broken)
+    monkeypatch.setattr(kopt.backend, "make_backend", broken)
     with caplog.at_level(logging.WARNING, logger="kopt"):
         assert kopt_sglang.with_kopt_backend({"fullgraph": False, "dynamic": None, "mode": MODE}, mode=MODE) is None
     assert "SGLang compiles as usual" in caplog.text
