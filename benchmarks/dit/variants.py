@@ -186,20 +186,6 @@ def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
     return prepare
 
 
-def _kopt_regional(model: nn.Module, setup: Setup) -> Prepared:
-    """kopt as the backend of regional compilation: each repeated block captured, rewritten and lowered
-    once per block class, every block's own weights bound to that code (:mod:`kopt.weight_sets`).
-    Rewrites that span blocks (the gated residual at a block seam, the float32 residual stream, the
-    step-invariant stage) cannot fire inside one block. No per-block CUDA graphs and version-only
-    weight checks: the variant replays the whole forward (``+graphs``) like the baseline it faces."""
-    import kopt
-
-    backend = kopt.make_backend(passes="auto", cuda_graphs=False, weight_check="version", progress=False)
-    regions = compile_regions(model, backend=backend)
-    return Prepared(model, notes=[f"kopt regional: {regions}"], undo=lambda: _uncompile_blocks(model),
-                    kopt_report=backend.report)
-
-
 # ---------------------------------------------------------------- the registry
 
 
@@ -215,7 +201,10 @@ def all_variants() -> list[Variant]:
         Variant("kopt-regional", "kopt.compile(regional=True): each repeated block compiled once per class",
                 _kopt(dict(passes="auto", regional=True)), cfg_pair=True, estimate_full_s=120),
         Variant("kopt-regional+graphs", "kopt as regional compile's backend, whole forward replayed from a CUDA graph",
-                lambda m, s: _replayed(_kopt_regional(m, s), s), cfg_pair=True, estimate_full_s=150),
+                # version-only weight checks: the checksum's host sync cannot be captured in a CUDA graph
+                lambda m, s: _replayed(_kopt(dict(passes="auto", regional=True, cuda_graphs=False,
+                                                  weight_check="version", progress=False))(m, s), s),
+                cfg_pair=True, estimate_full_s=150),
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
                 estimate_full_s=420, aliases=("compile-full", "whole")),
     ]

@@ -5,9 +5,8 @@
 
 Why it is valid: every step still computes ``r + gate * y`` from the same operands; only the
 rounding of the running sum to the storage dtype is dropped, so the result moves toward the exact
-(higher-precision) value. A 57-block FLUX.1 rounds its image stream 76 times; on a FLUX.1-config
-model at reduced depth (float64 everywhere except those adds) the rounding alone is about 40% of
-eager bf16's error against float64. Readers outside the stream (a norm on a ``cat`` of two
+(higher-precision) value. A 57-block FLUX.1 rounds its image stream 76 times, an error that
+compounds over the depth. Readers outside the stream (a norm on a ``cat`` of two
 streams, the final norm) get a bf16 copy, i.e. the value eager would have stored: they are no worse
 off, and the fused ``kopt::gated_residual`` normalizes the unrounded float32 sum directly.
 
@@ -17,8 +16,7 @@ gated residual add ``add(r, mul(gate, y))`` with ``gate`` shaped (B, 1, N) or (B
 through their residual operand, also across ``cat`` and ``slice`` of stream values (FLUX's joint
 stream of the single blocks); a chain needs two steps or more (one step alone would round at once).
 
-Cost: the stream is read and written in 4 bytes instead of 2 by the steps (about 1% of a
-FLUX.1 forward on an H200). Runs after ``fuse-gated-residual`` (whose ops it widens) and before
+Cost: the stream is read and written in 4 bytes instead of 2 by the steps. Runs after ``fuse-gated-residual`` (whose ops it widens) and before
 ``staging``. Contract: tolerance (judged against the higher-precision reference, where it is the
 closer of the two).
 """
@@ -42,12 +40,8 @@ _CONVERT = torch.ops.prims.convert_element_type.default
 _CARRIERS = (aten.cat.default, aten.slice.Tensor)  # ops that pass stream values on unchanged
 
 
-def _value(node: object) -> torch.Tensor | None:
-    return meta_value(node)
-
-
 def _stream_like(node: object) -> bool:
-    value = _value(node)
+    value = meta_value(node)
     return value is not None and value.dim() == 3 and value.dtype in NARROW
 
 
@@ -55,17 +49,17 @@ def gated_add(node: torch.fx.Node) -> torch.fx.Node | None:
     """The residual operand of ``add(r, gate * y)`` (a step), or None."""
     if node.target is not aten.add.Tensor or node.kwargs or len(node.args) != 2 or not _stream_like(node):
         return None
-    out = _value(node)
+    out = meta_value(node)
     assert out is not None
     for r, product in (node.args, node.args[::-1]):
         if not (isinstance(product, torch.fx.Node) and product.target is aten.mul.Tensor and _stream_like(r)):
             continue
-        residual = _value(r)
+        residual = meta_value(r)
         assert residual is not None
         if residual.dtype != out.dtype or not same_sizes(residual.shape, out.shape):
             continue
         gates = ((out.shape[0], 1, out.shape[-1]), (out.shape[0], out.shape[-1]))
-        a, b = (_value(x) for x in product.args[:2])
+        a, b = (meta_value(x) for x in product.args[:2])
         if a is None or b is None:
             continue
         if (shape_in(a.shape, gates) and same_sizes(b.shape, out.shape)) or \
@@ -194,7 +188,7 @@ def _widen(graph: torch.fx.Graph, chain: list[torch.fx.Node], residual_of: dict[
         outside = [user for user in node.users if user not in members]
         if outside:
             with graph.inserting_after(wide[node]):
-                narrow = graph.call_function(_CONVERT, (wide[node], _value(node).dtype))  # type: ignore[union-attr]
+                narrow = graph.call_function(_CONVERT, (wide[node], meta_value(node).dtype))  # type: ignore[union-attr]
             for user in outside:
                 user.replace_input_with(node, narrow)
     for node in reversed(chain):
