@@ -150,7 +150,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
             release_weights: bool = False, mode: str | None = None, progress: bool | None = None,
             check_lowering: bool | None = None, kb: str | Path | bool | None = None,
-            regional: bool = False) -> KoptModule | KoptFunction | KoptRegional:
+            regional: bool = False, share_weights: bool = True) -> KoptModule | KoptFunction | KoptRegional:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -212,6 +212,12 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             the model, but no rewrite that spans blocks (block seams, the float32 residual stream,
             the step-invariant stage) and the code between blocks runs eagerly. Returns a
             :class:`kopt.regional.KoptRegional`.
+        share_weights: the module's weights that a merged constant holds row for row (Q/K/V and
+            other sibling projections) become views of it, so their bytes are held once
+            (:mod:`kopt.fx.shared_weights`) and writes to them need no per-call checksum. They
+            change address, and one block's merged weights share one storage (safetensors and
+            ``torch.save`` handle that); ``False`` keeps the module's weights as they are, at the
+            cost of a second copy of them.
 
     Returns:
         A :class:`KoptModule` (a :class:`KoptFunction` for a function); compilation happens at
@@ -222,7 +228,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
     backend = make_backend(passes, lower=lower, verify=verify, strict=strict, roles=roles,
                            on_weight_change=on_weight_change, weight_check=weight_check, trace=trace, fuel=fuel,
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
-                           progress=progress, check_lowering=check_lowering, kb=kb)
+                           progress=progress, check_lowering=check_lowering, kb=kb, share_weights=share_weights)
     if regional:
         if release_weights:
             raise ValueError("release_weights=True is not supported with regional=True")

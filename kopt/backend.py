@@ -54,7 +54,8 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
                  trace: str | Path | None = None, fuel: int | None = None,
                  memo_entries: int = 2, fp8: Fp8Config | bool | None = None,
                  cuda_graphs: bool | None = None, mode: str | None = None, progress: bool | None = None,
-                 check_lowering: bool | None = None, kb: str | Path | bool | None = None) -> KoptBackend:
+                 check_lowering: bool | None = None, kb: str | Path | bool | None = None,
+                 share_weights: bool = True) -> KoptBackend:
     """A :class:`KoptBackend` from :func:`compile`'s keyword arguments (validated here)."""
     from kopt.agent.auto import uses_auto, with_knowledge_base
 
@@ -80,6 +81,7 @@ def make_backend(passes: PassSpec = "auto", *, lower: Lowering | str = Lowering.
         mode=mode,
         progress=progress,
         check_lowering=check_lowering,
+        share_weights=share_weights,
     )
     return KoptBackend(passes, options)
 

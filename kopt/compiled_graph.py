@@ -81,6 +81,7 @@ class CompiledGraph:
         self.weights: WeightSets | None = None
         self.staged: StagedProgram | None = None
         self.report.weights = {}
+        self._shared_bytes = 0
         start = time.perf_counter()
         log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
         shape_env = None if in_dynamo else dynamo_shape_env(self.dynamo_graph)
@@ -98,6 +99,8 @@ class CompiledGraph:
         if rewritten is not None and self._verified(first, rewritten):
             try:
                 binding = self._bind_weights(rewritten, example_inputs)
+                if options.share_weights:  # before lowering: Inductor sees the weights where they will be
+                    self._shared_bytes = binding.share_storage(example_inputs)
                 self.runner = self._lower_rewritten(rewritten, binding, example_inputs)
                 self.captured, self.binding = rewritten, binding
                 self._watch_weights(example_inputs)
@@ -140,12 +143,13 @@ class CompiledGraph:
         self._live_weights = [example_inputs[p] for p in binding.live_positions]
         check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
         if binding.sources:
-            self.weights = WeightSets(binding, example_inputs, check)
+            self.weights = WeightSets(binding, example_inputs, check, share=options.share_weights)
         guard = self.weights.guard if self.weights is not None else None
         self.report.weights = dict(
             live=len(binding.live_positions), derived=len(binding.derived), watched=len(binding.sources),
             check="none" if guard is None else options.weight_check.value,
             watched_bytes=0 if guard is None else guard.watched_bytes,
+            shared_bytes=self._shared_bytes,
             on_change="rebuild" if binding.rebuild_on_change else _ON_CHANGE[options.on_weight_change], sets=1)
 
     def _lower_rewritten(self, rewritten: CapturedGraph, binding: WeightBinding, example_inputs: list[Any],
@@ -292,11 +296,13 @@ class CompiledGraph:
         log.warning("graph %d: %s; %s", self.report.index, reason, check.fallback)
 
     def read_storages(self) -> set[int]:
-        """Storages of the weights this graph reads: its rewritten graph's constants and the module
-        weights it reads live, or all of its constant inputs when it runs the original graph."""
+        """Storages of the weights this graph reads: its rewritten graph's constants, the module
+        weights it reads live and its derived tensors (module weights shared with them live there),
+        or all of its constant inputs when it runs the original graph."""
         if self.captured is not None and self.binding is not None:
             live = {t.untyped_storage().data_ptr() for t in self._live_weights if t.device.type != "meta"}
-            return read_storages(self.captured.graph_module) | live
+            derived = self.weights.derived_storages() if self.weights is not None else set()
+            return read_storages(self.captured.graph_module) | live | derived
         return {t.untyped_storage().data_ptr() for t in self.constant_inputs
                 if isinstance(t, torch.Tensor) and t.device.type != "meta"}
 
@@ -331,7 +337,7 @@ class CompiledGraph:
             return
         if self.staged is not None:
             self.staged.clear()
-        self.weights.guard.snapshot(args)
+        self.weights.guard.snapshot(args, self.binding.aliased(args))  # a weight given new storage: no longer a view
         self.report.weight_rederivations += 1
 
     def dispose(self) -> None:

@@ -70,6 +70,8 @@ class CompileOptions:
             None (default) means yes for ``lower="inductor"``.
         weight_check: how a change of a weight behind a derived constant is noticed.
         mode: ``torch.compile``'s mode (:func:`mode_options`): Inductor options and CUDA graphs.
+        share_weights: module weights that a merged constant holds row for row become views of it
+            (:mod:`kopt.fx.shared_weights`): one copy of their bytes instead of two.
     """
 
     lower: Lowering = Lowering.INDUCTOR
@@ -85,6 +87,7 @@ class CompileOptions:
     check_lowering: bool | None = None
     weight_check: WeightCheck = WeightCheck.CHECKSUM
     mode: str = "default"
+    share_weights: bool = True
 
     @property
     def use_cuda_graphs(self) -> bool:

@@ -99,8 +99,10 @@ def describe_weights(weights: dict[str, Any]) -> str:
         return text + f"; {weights['watched']} they depend on are not watched (on_weight_change=ignore)"
     cost = (f", reading {weights['watched_bytes'] / 2**20:,.1f} MiB per call" if weights["check"] == "checksum"
             else "")
+    shared = (f"; {weights['shared_bytes'] / 2**20:,.1f} MiB of module weights became views of the merged "
+              "weights (held once; share_weights=False keeps them)" if weights.get("shared_bytes") else "")
     return text + (f"; {weights['watched']} module weights they depend on watched by {weights['check']}{cost}; "
-                   f"on a change: {weights['on_change']}")
+                   f"on a change: {weights['on_change']}{shared}")
 
 
 def render(report: Report, max_near_misses: int = 5) -> str:

@@ -23,13 +23,16 @@ runs the forward once more (the first run read stale constants and is discarded)
 :attr:`WeightCheck.VERSION` skips the checksum (free) and misses ``.data`` writes.
 
 Only weights that a derived value depends on are watched (:mod:`kopt.fx.weights`): the others
-are inputs read live by the lowered graph, where a write cannot be missed.
+are inputs read live by the lowered graph, where a write cannot be missed. Weights that are views
+of the merged constant depending on them (``identity_only``, :mod:`kopt.fx.shared_weights`) are
+checked by version and storage alone: any write into their bytes already is a write into what the
+graph reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -172,9 +175,11 @@ class Pending:
 class WeightGuard:
     """Watches the weights at ``positions`` of dynamo's argument list (see the module docstring)."""
 
-    def __init__(self, positions: Sequence[int], check: WeightCheck, args: Sequence[Any]) -> None:
+    def __init__(self, positions: Sequence[int], check: WeightCheck, args: Sequence[Any],
+                 identity_only: Collection[int] = ()) -> None:
         self.check = check
         self.positions = [p for p in positions if isinstance(args[p], torch.Tensor)]
+        self.identity_only = frozenset(identity_only)
         self.snapshot(args)
 
     @property
@@ -187,15 +192,20 @@ class WeightGuard:
         """Bytes a checksum reads per call (0 with :attr:`WeightCheck.VERSION`)."""
         if self.check is not WeightCheck.CHECKSUM:
             return 0
-        return sum(t.numel() * t.element_size() for t in self._tensors.values() if not is_released(t))
+        return sum(t.numel() * t.element_size() for p, t in self._tensors.items()
+                   if not is_released(t) and p not in self.identity_only)
 
     def forget_released(self) -> None:
         """Stop reading weights ``release_weights=True`` freed (no bytes, and no graph reads them)."""
         self.snapshot(self._tensors)
 
-    def snapshot(self, args: Sequence[Any] | dict[int, torch.Tensor]) -> None:
-        """Remember the weights as they are now. Weights ``release_weights=True`` freed keep only the
-        version and storage check (new storage for one means new values: derive again, or raise)."""
+    def snapshot(self, args: Sequence[Any] | dict[int, torch.Tensor],
+                 identity_only: Collection[int] | None = None) -> None:
+        """Remember the weights as they are now (and, if given, which are checked by version and
+        storage alone). Weights ``release_weights=True`` freed keep only the version and storage
+        check (new storage for one means new values: derive again, or raise)."""
+        if identity_only is not None:
+            self.identity_only = frozenset(identity_only)
         self._tensors = {p: args[p] for p in self.positions}
         self._versions = {p: (args[p]._version, args[p].data_ptr()) for p in self.positions}
         self._groups: list[_DeviceSums] = []
@@ -204,7 +214,8 @@ class WeightGuard:
         by_device: dict[torch.device, _DeviceSums] = {}
         for position in self.positions:
             tensor = args[position]
-            if tensor.device.type == "meta" or tensor.numel() == 0 or is_released(tensor):
+            if (tensor.device.type == "meta" or tensor.numel() == 0 or is_released(tensor)
+                    or position in self.identity_only):
                 continue
             group = by_device.setdefault(tensor.device, _DeviceSums([], {}))
             reader = _Reader(position, tensor)

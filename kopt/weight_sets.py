@@ -52,10 +52,13 @@ class WeightSets:
         binding: the graph's weight binding; its ``derived`` list is switched to the selected set's.
         args: the first call's arguments (the compile-time derived tensors belong to them).
         check: how each set's guard watches its weights; None watches nothing (``on_weight_change="ignore"``).
+        share: make each set's module weights views of the merged constants built from them
+            (:mod:`kopt.fx.shared_weights`).
     """
 
-    def __init__(self, binding: WeightBinding, args: Sequence[Any], check: WeightCheck | None) -> None:
-        self.binding, self.check = binding, check
+    def __init__(self, binding: WeightBinding, args: Sequence[Any], check: WeightCheck | None,
+                 share: bool = True) -> None:
+        self.binding, self.check, self.share = binding, check, share
         self._sets: dict[tuple[int, ...], _Set] = {}
         self._key = self._add(args, binding.derived)
 
@@ -72,6 +75,11 @@ class WeightSets:
     def count(self) -> int:
         """How many sets are held (1 unless the graph serves several modules' weights)."""
         return len(self._sets)
+
+    def derived_storages(self) -> set[int]:
+        """Storages of every set's derived tensors (module weights shared with them live there)."""
+        return {t.untyped_storage().data_ptr() for entry in self._sets.values() for _, t in entry.derived
+                if t.device.type != "meta"}
 
     def forget_released(self) -> None:
         """Stop reading weights ``release_weights=True`` freed, in every set."""
@@ -94,6 +102,10 @@ class WeightSets:
 
     def _add(self, args: Sequence[Any], derived: list[tuple[str, torch.Tensor]]) -> tuple[int, ...]:
         key = tuple(id(args[p]) for p in self.binding.sources)
-        guard = WeightGuard(self.binding.sources, self.check, args) if self.check is not None else None
+        if self.share:  # this block's weights become views of its merged constants (kopt.fx.shared_weights)
+            self.binding.share_storage(args, derived)
+        guard = None
+        if self.check is not None:
+            guard = WeightGuard(self.binding.sources, self.check, args, self.binding.aliased(args, derived))
         self._sets[key] = _Set(tuple(weakref.ref(args[p]) for p in self.binding.sources), derived, guard)
         return key

@@ -35,10 +35,11 @@ def test_unread_weights_are_freed_and_outputs_do_not_change(fp8):
             assert torch.equal(out, keep(**call_inputs)[0])
             assert rel_err(out, reference) < (0.1 if fp8 else 2e-2)  # FP8- or bf16-sized, never garbage
     released = [name for name, p in model.named_parameters() if is_released(p)]
-    assert free.kopt_report.released_bytes > 0 and released
-    assert "released" in str(free.kopt_report)
     if fp8:  # a quantized linear's bf16 weight is gone
+        assert free.kopt_report.released_bytes > 0 and "released" in str(free.kopt_report)
         assert "transformer_blocks.0.attn.to_q.weight" in released
+    else:  # the merged linears' weights are views of what the graph reads (share_weights): nothing to free
+        assert not released and free.kopt_report.released_bytes == 0
     # weights the compiled graph still reads stay: the QK RMSNorm scales, read by kopt::qk_norm_rope
     still_read = [name for name, _ in model.named_parameters() if ".norm_q." in name or ".norm_k." in name]
     assert still_read and not set(still_read) & set(released)

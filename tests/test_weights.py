@@ -66,10 +66,10 @@ def _compile_siblings(via: str, **options):
     return model, compiled, report
 
 
-def _compiled(policy):
+def _compiled(policy, **options):
     torch.manual_seed(0)
     model = Siblings().eval()
-    compiled = kopt.compile(model, lower="eager", on_weight_change=policy)
+    compiled = kopt.compile(model, lower="eager", on_weight_change=policy, **options)
     x = torch.randn(4, 16)
     with torch.no_grad():
         assert rel_err(compiled(x), model(x)) < 1e-6
@@ -100,12 +100,24 @@ def test_raise_policy_names_the_fix():
 
 
 def test_ignore_policy_skips_the_check():
-    """Nothing is watched; the merged weight keeps its compile-time value (documented)."""
-    model, compiled, x = _compiled("ignore")
+    """Nothing is watched; a merged weight kept apart from the module's (share_weights=False) keeps
+    its compile-time value (documented)."""
+    model, compiled, x = _compiled("ignore", share_weights=False)
     with torch.no_grad():
         before = compiled(x)
         model.q.bias.add_(1.0)
         assert torch.equal(compiled(x), before)
+    graph = compiled.kopt_report.graphs[0]
+    assert graph.weight_refreshes == graph.weight_rederivations == 0 and graph.weights["check"] == "none"
+
+
+def test_ignore_policy_still_sees_writes_into_shared_weights():
+    """With the module's weights shared with the merged one (the default) an in-place write is a
+    write into what the graph reads: seen without any check or re-derivation."""
+    model, compiled, x = _compiled("ignore")
+    with torch.no_grad():
+        model.q.bias.add_(1.0)
+        assert rel_err(compiled(x), model(x)) < 1e-6
     graph = compiled.kopt_report.graphs[0]
     assert graph.weight_refreshes == graph.weight_rederivations == 0 and graph.weights["check"] == "none"
 
@@ -118,11 +130,14 @@ def test_replaced_parameter_object_is_detected():
         assert rel_err(compiled(x), model(x)) < 1e-6
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "kept-apart"])
 @pytest.mark.parametrize("via", ["kopt.compile", "backend"])
-def test_data_copy_into_a_merged_weight_is_not_missed(via):
+def test_data_copy_into_a_merged_weight_is_not_missed(via, share):
     """``param.data.copy_`` (how PEFT hot-swaps an adapter) changes neither the parameter's version
-    counter nor its storage; the compiled output follows it anyway, without a recompilation."""
-    model, compiled, report = _compile_siblings(via)
+    counter nor its storage; the compiled output follows it anyway, without a recompilation: a
+    shared weight because the write lands in the merged weight, one kept apart because its
+    checksum changed and the merged weight is derived again."""
+    model, compiled, report = _compile_siblings(via, share_weights=share)
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
         x = torch.randn(4, 16)
         assert rel_err(compiled(x), model(x)) < 1e-6
@@ -134,7 +149,7 @@ def test_data_copy_into_a_merged_weight_is_not_missed(via):
     graph = report().graphs[0]
     assert report().matches("sibling-merge") == 1 and graph.fallback is None
     assert graph.weight_refreshes == 0  # re-derived, not rebuilt (and not recompiled: error_on_recompile)
-    assert graph.weight_rederivations == 2
+    assert graph.weight_rederivations == (0 if share else 2)
 
 
 def test_a_weight_no_pass_transformed_is_read_live():
@@ -153,8 +168,9 @@ def test_a_weight_no_pass_transformed_is_read_live():
 
 def test_version_check_sees_ordinary_writes_and_says_what_it_misses():
     """``weight_check="version"`` costs nothing per call and sees writes through the parameter
-    (``load_state_dict``, ``param.copy_``) but not through ``.data``: the documented trade-off."""
-    model, compiled, report = _compile_siblings("kopt.compile", weight_check="version")
+    (``load_state_dict``, ``param.copy_``) but not through ``.data`` into a weight kept apart from
+    the merged one (``share_weights=False``): the documented trade-off."""
+    model, compiled, report = _compile_siblings("kopt.compile", weight_check="version", share_weights=False)
     x = torch.randn(4, 16)
     with torch.no_grad():
         compiled(x)
@@ -165,9 +181,21 @@ def test_version_check_sees_ordinary_writes_and_says_what_it_misses():
     assert report().graphs[0].weight_rederivations == 1
 
 
+def test_version_check_misses_nothing_of_shared_weights():
+    """With the module's weights shared with the merged one (the default), a ``.data`` write is a
+    write into what the graph reads: seen by the version check too, with no re-derivation."""
+    model, compiled, report = _compile_siblings("kopt.compile", weight_check="version")
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        compiled(x)
+        model.q.weight.data.copy_(torch.randn(16, 16))
+        assert rel_err(compiled(x), model(x)) < 1e-6
+    assert report().graphs[0].weight_rederivations == 0
+
+
 def test_checksum_sees_rows_swapped_in_place():
     """A permutation of a weight's rows keeps every value; the row-wise checksum still sees it."""
-    model, compiled, _ = _compile_siblings("kopt.compile")
+    model, compiled, _ = _compile_siblings("kopt.compile", share_weights=False)
     x = torch.randn(4, 16)
     with torch.no_grad():
         compiled(x)
@@ -226,7 +254,7 @@ def test_a_merged_weight_cannot_be_derived_again_from_released_siblings():
     with the others any more: the call raises instead of computing with stale or empty weights."""
     torch.manual_seed(0)
     model = Siblings().eval()
-    compiled = kopt.compile(model, lower="eager", release_weights=True)
+    compiled = kopt.compile(model, lower="eager", release_weights=True, share_weights=False)
     x = torch.randn(4, 16)
     with torch.no_grad():
         reference = model(x)

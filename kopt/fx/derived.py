@@ -40,11 +40,15 @@ class Derivation:
         compute: a pure function of the source constants' values.
         sources: the ``get_attr`` names of the constants it reads, in argument order.
         output: which element of ``compute``'s result this constant is (None: the result itself).
+        stacked: the result is the sources concatenated along their first dimension, in order:
+            each source's values are one block of its rows, so a module weight can be a view of
+            them (:mod:`kopt.fx.shared_weights`).
     """
 
     compute: Computation
     sources: tuple[str, ...]
     output: int | None = None
+    stacked: bool = False
 
 
 def derivations(graph_module: torch.fx.GraphModule) -> dict[str, Derivation]:
@@ -53,12 +57,16 @@ def derivations(graph_module: torch.fx.GraphModule) -> dict[str, Derivation]:
 
 
 def derive(graph_module: torch.fx.GraphModule, stems: str | Sequence[str], compute: Computation,
-           sources: Sequence[torch.fx.Node], before: torch.fx.Node) -> torch.fx.Node | list[torch.fx.Node]:
+           sources: Sequence[torch.fx.Node], before: torch.fx.Node, *,
+           stacked: bool = False) -> torch.fx.Node | list[torch.fx.Node]:
     """``compute(*values of sources)`` as new constant(s) named after ``stems``, recorded.
 
     One stem: ``compute`` returns one tensor and one ``get_attr`` node comes back. Several stems:
-    ``compute`` returns that many tensors and a list of nodes comes back.
+    ``compute`` returns that many tensors and a list of nodes comes back. ``stacked``: ``compute``
+    concatenates its sources along the first dimension (one stem only; see :class:`Derivation`).
     """
+    if stacked and not isinstance(stems, str):
+        raise ValueError("a stacked derivation makes one constant")
     names = tuple(str(s.target) for s in sources)
     values = []
     for source in sources:
@@ -71,7 +79,7 @@ def derive(graph_module: torch.fx.GraphModule, stems: str | Sequence[str], compu
     records = derivations(graph_module)
     if isinstance(stems, str):
         node = add_constant(graph_module, stems, result, before)
-        records[str(node.target)] = Derivation(compute, names)
+        records[str(node.target)] = Derivation(compute, names, stacked=stacked)
         return node
     nodes = []
     for index, (stem, value) in enumerate(zip(stems, result, strict=True)):

@@ -30,6 +30,7 @@ import torch
 
 from kopt.config import Role
 from kopt.fx.derived import Derivation, derivations
+from kopt.fx.shared_weights import aliased, share
 from kopt.release import WeightsReleasedError, is_released
 
 
@@ -51,6 +52,7 @@ class WeightBinding:
         derived: (name, tensor) of each derived constant kopt passes after them.
         sources: dynamo positions of the module weights some derived value depends on.
         rebuild_on_change: a constant of unknown provenance is baked in: rebuild on any change.
+        stage_reads: dynamo positions of the module weights the memoized step-invariant stage reads.
     """
 
     user_indices: list[int]
@@ -58,6 +60,7 @@ class WeightBinding:
     derived: list[tuple[str, torch.Tensor]]
     sources: list[int]
     rebuild_on_change: bool = False
+    stage_reads: frozenset[int] = frozenset()
     _records: dict[str, Derivation] = dataclasses.field(default_factory=dict, repr=False)
     _weights: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)  # source name -> position
     _fixed: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
@@ -77,6 +80,20 @@ class WeightBinding:
     def depends_on(self, name: str) -> frozenset[int]:
         """Dynamo positions of the module weights derived constant ``name`` was computed from."""
         return self._depends[name]
+
+    def share_storage(self, args: Sequence[Any], derived: Sequence[tuple[str, torch.Tensor]] | None = None) -> int:
+        """Make each module weight that a stacked derived constant (of ``derived``, default: this
+        binding's) holds row for row a view of those rows (:mod:`kopt.fx.shared_weights`); the
+        bytes of weight storage this let go."""
+        return share(self.derived if derived is None else derived, self._records, self._weights, args)
+
+    def aliased(self, args: Sequence[Any], derived: Sequence[tuple[str, torch.Tensor]] | None = None) -> frozenset[int]:
+        """Dynamo positions of the watched weights that only a new storage can change behind kopt's
+        back (:func:`kopt.fx.shared_weights.aliased`)."""
+        if self.rebuild_on_change:
+            return frozenset()
+        return aliased(self.derived if derived is None else derived, self._records, self._weights, self._depends,
+                       self.stage_reads, args)
 
     def rederive(self, args: Sequence[Any], changed: Sequence[int] | None = None) -> int:
         """Compute again, in place, each derived constant that depends on a ``changed`` weight
@@ -218,11 +235,12 @@ def bind_weights(graph_module: torch.fx.GraphModule, example_inputs: Sequence[An
     watched: set[int] = set()
     for name, _ in derived_tensors:
         watched |= depends[name]
-    watched |= _read_by_stage(graph_module, hoisted, live, derived, depends)
+    stage_reads = frozenset(_read_by_stage(graph_module, hoisted, live, derived, depends))
+    watched |= stage_reads
     if unknown:  # baked in, or behind a derived constant: which weights it came from is not known
         watched |= set(weight_positions)
     return WeightBinding(list(user_indices), list(live), derived_tensors, sorted(watched), bool(unknown),
-                         records, weights, fixed, depends)
+                         stage_reads, records, weights, fixed, depends)
 
 
 def _read_by_stage(graph_module: torch.fx.GraphModule, hoisted: Sequence[str], live: dict[int, torch.fx.Node],

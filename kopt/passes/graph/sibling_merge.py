@@ -9,8 +9,9 @@ and one large GEMM fills the GPU better than several narrow ones (Q/K/V of every
 in Qwen-Image the image and text modulation GEMMs of every block, which all read the timestep
 embedding). Contract: tolerance — the wider GEMM may pick another kernel (tiling, split-K) and
 round differently; the values are mathematically equal. Weights are concatenated once at compile
-time; the concatenated copy costs memory (reported), and is recorded as a derivation
-(:mod:`kopt.fx.derived`) so that a sibling's changed weight is concatenated again.
+time and recorded as a stacked derivation (:mod:`kopt.fx.derived`): the module's weights then become
+views of their rows (:mod:`kopt.fx.shared_weights`, one copy of the bytes instead of two), and a
+sibling's weight given new storage is concatenated again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from kopt.fx.constants import constant_value, transposed_constant, weight_of, weight_paths
 from kopt.fx.derived import derive
+from kopt.fx.shared_weights import adjacent_rows
 from kopt.fx.graph_utils import replace, stamp
 from kopt.passes.base import Contract, Pass, PassContext
 
@@ -60,8 +62,11 @@ def as_linear(node: torch.fx.Node) -> Linear | str:
 
 
 def concatenate(*weights: torch.Tensor) -> torch.Tensor:
-    """The siblings' weights (or biases) stacked along the output dimension."""
-    return torch.cat(weights)
+    """The siblings' weights (or biases) stacked along the output dimension; without a copy when
+    they already are consecutive rows of one tensor (a module whose weights were shared with an
+    earlier compilation's merged weight, compiled again for new shapes)."""
+    joined = adjacent_rows(weights)
+    return joined if joined is not None else torch.cat(weights)
 
 
 def concatenate_biases(layout: tuple[int | None, ...], *biases: torch.Tensor) -> torch.Tensor:
@@ -97,8 +102,8 @@ class SiblingProjectionMerge(Pass):
                     extra_bytes += self._merge(graph_module, source, group)
         graph_module.graph.eliminate_dead_code()  # the per-sibling weight transposes
         if extra_bytes:
-            ctx.notes.append(f"concatenated weights hold {extra_bytes / 2**20:.1f} MiB "
-                             "(the originals stay with the module)")
+            ctx.notes.append(f"concatenated weights hold {extra_bytes / 2**20:.1f} MiB (the module's weights "
+                             "become views of them unless share_weights=False)")
 
     def _merge(self, graph_module: torch.fx.GraphModule, source: torch.fx.Node, group: list[Linear]) -> int:
         graph = graph_module.graph
@@ -106,15 +111,18 @@ class SiblingProjectionMerge(Pass):
         group.sort(key=lambda linear: order[linear.node])
         first = group[0].node
         weight_nodes = [weight_of(linear.node) for linear in group]
-        weight_node = derive(graph_module, "_kopt_merged_weight", concatenate, weight_nodes, first)
+        weight_node = derive(graph_module, "_kopt_merged_weight", concatenate, weight_nodes, first, stacked=True)
         # the merged weight answers to every sibling's parameter path (fp8 include/skip select by path)
         weight_node.meta["kopt_params"] = tuple(path for node in weight_nodes for path in weight_paths(node))
         bias_node = None
         if any(linear.bias is not None for linear in group):
             layout = tuple(None if linear.bias is not None else linear.weight.shape[0] for linear in group)
             biases = [linear.node.args[0] for linear in group if linear.bias is not None]
-            bias_node = derive(graph_module, "_kopt_merged_bias", functools.partial(concatenate_biases, layout),
-                               biases, first)
+            if all(width is None for width in layout):
+                bias_node = derive(graph_module, "_kopt_merged_bias", concatenate, biases, first, stacked=True)
+            else:
+                bias_node = derive(graph_module, "_kopt_merged_bias", functools.partial(concatenate_biases, layout),
+                                   biases, first)
         weight, bias = constant_value(weight_node), constant_value(bias_node)
         sizes = [linear.weight.shape[0] for linear in group]
         with graph.inserting_before(first):
