@@ -227,8 +227,9 @@ def bind_weights(graph_module: torch.fx.GraphModule, example_inputs: Sequence[An
                 derived_tensors.append((name, getattr(graph_module, name)))
             node.replace_all_uses_with(derived[name])
             graph.erase_node(node)
+    still_read = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in weights:  # the module holds them: the graph module must not keep old storage alive
-        if hasattr(graph_module, name) and not any(n.op == "get_attr" and n.target == name for n in graph.nodes):
+        if hasattr(graph_module, name) and name not in still_read:
             delattr(graph_module, name)
     graph_module.recompile()
 

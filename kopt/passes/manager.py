@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from kopt.fx.graph_utils import census, missing_meta, refresh_meta
+from kopt.fx.graph_utils import census, missing_meta
+from kopt.fx.meta_refresh import refresh, signatures
 from kopt.fx.symbolic import baked_sizes, guards_since, shape_env_of
 from kopt.passes.base import Fuel, Pass, PassContext
 from kopt.report import PassRecord
@@ -77,6 +78,7 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
         _dump(trace_dir, graph_index, stem + "_before", graph_module)
         guards = len(shape_env.guards) if shape_env is not None else 0
         start = time.perf_counter()
+        unchanged = signatures(graph_module.graph)
         try:
             rewrite.apply(graph_module, ctx)
             graph_module.graph.lint()
@@ -86,7 +88,7 @@ def run_passes(graph_module: torch.fx.GraphModule, passes: list[Pass], *, graph_
                                    "sym_size nodes: the graph would only be right for that call's sizes")
             graph_module.recompile()
             if ctx.total_matches:
-                refresh_meta(graph_module)
+                refresh(graph_module, unchanged)  # metadata of what the pass changed (kopt.fx.meta_refresh)
                 unknown = missing_meta(graph_module.graph)
                 if unknown:
                     raise RuntimeError(f"no shape metadata on {[n.name for n in unknown[:5]]} after the pass")
