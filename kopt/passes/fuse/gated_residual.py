@@ -19,7 +19,7 @@ import operator
 import torch
 
 from kopt.fx.graph_utils import meta_value, replace, stamp
-from kopt.fx.symbolic import same_sizes, shape_in
+from kopt.fx.match.gated_sum import gated_sum
 from kopt.kernels import adaln_modulation as _adaln_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.kernels import gated_residual as _gated_op  # noqa: F401  (torch.ops.kopt.gated_residual)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
@@ -28,35 +28,17 @@ aten = torch.ops.aten
 RULE = "gated-residual"
 
 
-def _shape(node: object) -> tuple[int, ...]:
-    value = meta_value(node)
-    return () if value is None else tuple(value.shape)
-
-
 def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     """(residual_add, r, y, gate) for the region feeding ``adaln``, or why it is not one."""
     x, _scale, _shift, weight, _eps, rms = adaln.args
     if rms or weight is not None:
         return "the norm is an RMSNorm or has a weight"
-    if not isinstance(x, torch.fx.Node) or x.target is not aten.add.Tensor or x.kwargs:
-        return "the normalized input is not a residual add"
-    r, product = x.args[:2]
-    if not (isinstance(product, torch.fx.Node) and product.target is aten.mul.Tensor):
-        r, product = product, r
-    is_product = isinstance(product, torch.fx.Node) and product.target is aten.mul.Tensor
-    if not is_product or not isinstance(r, torch.fx.Node):
-        return "the residual add does not add a product (gate * y)"
-    a, b = product.args[:2]
-    batch, width = _shape(x)[0] if _shape(x) else -1, _shape(x)[-1] if _shape(x) else -1
-    gates = ((batch, 1, width), (batch, width))
-    if shape_in(_shape(a), gates) and same_sizes(_shape(b), _shape(r)):
-        gate, y = a, b
-    elif shape_in(_shape(b), gates) and same_sizes(_shape(a), _shape(r)):
-        gate, y = b, a
-    else:
-        return "not gate (B, 1, N) times y (B, S, N) with y shaped like the residual"
+    found = gated_sum(x)
+    if isinstance(found, str):
+        return f"the normalized input is {found}"
+    r, y, gate = found
     values = [meta_value(n) for n in (r, y)]
-    if len(_shape(r)) != 3 or values[0] is None or values[1] is None or values[0].dtype != values[1].dtype:
+    if values[0] is None or values[1] is None or values[0].dim() != 3 or values[0].dtype != values[1].dtype:
         return "residual and y differ in rank or dtype"
     return x, r, y, gate
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import torch
 
 from kopt.fx.graph_utils import meta_value, stamp
-from kopt.fx.symbolic import same_sizes, shape_in
+from kopt.fx.match.gated_sum import gated_sum
 from kopt.kernels import gated_residual as _gated_op  # noqa: F401  (torch.ops.kopt.gated_residual)
 from kopt.passes.base import Contract, Pass, PassContext
 
@@ -47,25 +47,12 @@ def _stream_like(node: object) -> bool:
 
 def gated_add(node: torch.fx.Node) -> torch.fx.Node | None:
     """The residual operand of ``add(r, gate * y)`` (a step), or None."""
-    if node.target is not aten.add.Tensor or node.kwargs or len(node.args) != 2 or not _stream_like(node):
+    found = gated_sum(node) if _stream_like(node) else "not a narrow stream"
+    if isinstance(found, str):
         return None
-    out = meta_value(node)
-    assert out is not None
-    for r, product in (node.args, node.args[::-1]):
-        if not (isinstance(product, torch.fx.Node) and product.target is aten.mul.Tensor and _stream_like(r)):
-            continue
-        residual = meta_value(r)
-        assert residual is not None
-        if residual.dtype != out.dtype or not same_sizes(residual.shape, out.shape):
-            continue
-        gates = ((out.shape[0], 1, out.shape[-1]), (out.shape[0], out.shape[-1]))
-        a, b = (meta_value(x) for x in product.args[:2])
-        if a is None or b is None:
-            continue
-        if (shape_in(a.shape, gates) and same_sizes(b.shape, out.shape)) or \
-                (shape_in(b.shape, gates) and same_sizes(a.shape, out.shape)):
-            return r  # type: ignore[return-value]
-    return None
+    r = found[0]
+    residual, out = meta_value(r), meta_value(node)
+    return r if _stream_like(r) and residual is not None and out is not None and residual.dtype == out.dtype else None
 
 
 def _fused_output(node: torch.fx.Node) -> torch.fx.Node | None:
