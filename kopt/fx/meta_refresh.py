@@ -6,7 +6,8 @@ through the whole graph after every such pass costs one fake dispatch per node p
 FLUX.1-dev-depth graph (57 blocks) that was most of the time kopt's passes took. :func:`refresh`
 recomputes only
 
-* nodes the pass created, nodes whose operation or arguments it changed, nodes without metadata;
+* nodes the pass created, nodes whose operation or arguments it changed (for a constant, also the
+  tensor its name holds), nodes without metadata;
 * and, transitively, users of a recomputed node whose value came out different (shape, dtype,
   strides, device, or a constant FakeTensor's value).
 
@@ -31,38 +32,43 @@ from kopt.fx.graph_utils import refresh_meta
 from kopt.fx.symbolic import allowing_real_constants, fake_mode_of, has_shape_env, is_symbolic
 
 Signatures = dict[torch.fx.Node, tuple[Any, ...]]
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+
+
+class _Same:
+    """Equal to another only when both hold the very same object (a constant; held, so its id
+    cannot be reused while the signature lives)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
 
 
 def _leaf(value: object) -> object:
-    if isinstance(value, torch.fx.Node):
+    kind = type(value)
+    if kind is torch.fx.Node:
         return value  # compared by identity
-    if isinstance(value, _PLAIN) and not isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return (type(value), value)
-    return ("object", id(value))  # a SymInt, a tensor, anything else: the same object or not
-
-
-def _flatten(value: object, out: list[object]) -> None:
-    if isinstance(value, (tuple, list)):
-        out.append(("sequence", len(value)))
-        for item in value:
-            _flatten(item, out)
-    elif isinstance(value, dict):
-        out.append(("dict", tuple(value)))
-        for item in value.values():
-            _flatten(item, out)
-    else:
-        out.append(_leaf(value))
+    if kind in _PLAIN:
+        return (kind, value)
+    return _Same(value)  # a SymInt, a slice, a tensor, anything else: the same object or not
 
 
 def signatures(graph: torch.fx.Graph) -> Signatures:
-    """What each node computes, as far as its metadata depends on it: operation and arguments."""
+    """What each node computes, as far as its metadata depends on it: its operation, its argument
+    containers (FX never changes one in place: a pass that changes a node's arguments gives it new
+    ones) and, for a constant, the tensor its name holds (a pass may set another one under it)."""
+    owner = graph.owning_module
     found: Signatures = {}
     for node in graph.nodes:
-        flat: list[object] = [node.op, node.target]
-        _flatten(node.args, flat)
-        _flatten(node.kwargs, flat)
-        found[node] = tuple(flat)
+        constant = _Same(getattr(owner, str(node.target), None)) if node.op == "get_attr" else None
+        found[node] = (node.op, node.target, _Same(node.args), _Same(node.kwargs), constant)
     return found
 
 
@@ -101,9 +107,8 @@ def _recompute(graph_module: torch.fx.GraphModule, before: Signatures) -> int:
         for node in graph_module.graph.nodes:
             if node.op == "placeholder":
                 continue
-            # a constant is read again every time (a pass may have set another tensor under its name),
-            # and the output's value is the graph's outputs, as a whole-graph propagation records them
-            dirty = (node.op in ("get_attr", "output") or node not in before or before[node] != now[node]
+            # the output's value is the graph's outputs, as a whole-graph propagation records them
+            dirty = (node.op == "output" or node not in before or before[node] != now[node]
                      or "val" not in node.meta or any(i in changed for i in node.all_input_nodes))
             if not dirty:
                 continue
