@@ -64,11 +64,13 @@ def test_repeated_blocks_compile_once_and_each_block_uses_its_own_weights(name):
     assert report.matches("sibling-merge") > 0
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "kept-apart"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_repeated_blocks_after_a_write_into_one_block(name):
-    """A ``.data`` write into one block's Q weight is derived again for that block only."""
+def test_repeated_blocks_after_a_write_into_one_block(name, share):
+    """A ``.data`` write into one block's Q weight reaches that block's next call: through the
+    merged weight it is a view of (shared), or derived again for that block only (kept apart)."""
     model, inputs = _with_blocks(name, 2)
-    backend = kopt.make_backend(lower="eager")
+    backend = kopt.make_backend(lower="eager", share_weights=share)
     model.compile_repeated_blocks(fullgraph=True, backend=backend)
     with torch.no_grad():
         model(**inputs)
@@ -79,4 +81,4 @@ def test_repeated_blocks_after_a_write_into_one_block(name):
         block._compiled_call_impl = None
     with torch.no_grad():
         assert rel_err(compiled_out, _output(model(**inputs))) < 1e-5
-    assert sum(g.weight_rederivations for g in backend.report.graphs) == 1
+    assert sum(g.weight_rederivations for g in backend.report.graphs) == (0 if share else 1)
