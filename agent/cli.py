@@ -83,7 +83,7 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
     command.add_argument("--pipelines", action=argparse.BooleanOptionalAction, default=True,
                          help="also propose pipeline choices (opt-in/left-out passes, attention backends)")
     command.add_argument("--workers", type=_workers, default="auto",
-                         help="verification workers: auto (one per GPU, the timing GPU left out; one on the CPU) "
+                         help="verification workers: auto (one per GPU, the timing GPU left out; one with CPU timing) "
                               "or N; beyond one, candidates are verified ahead of the serial timing")
     command.add_argument("--executor", choices=["local", "ray"], default="local",
                          help="where workers run: local threads, or Ray tasks (pip install 'kopt[ray]')")

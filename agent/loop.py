@@ -183,8 +183,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         fp8: an :class:`kopt.fp8.config.Fp8Config`: also propose the FP8 pipeline per granularity.
         pipelines: propose pipeline choices (opt-in passes, left-out passes, attention backends).
         workers: verification workers (:mod:`kopt.agent.pool`): ``"auto"`` is one per visible GPU, the
-            timing GPU left out when there are two or more (one GPU or none: one worker, verifying
-            inline as before); a count asks for that many (on the CPU, or spread over the GPUs).
+            timing GPU left out when there are two or more (one GPU, or timing on the CPU: one worker,
+            verifying inline as before); a count asks for that many (on the CPU, or over the GPUs).
         executor: ``"local"`` (threads of this process driving the sandbox) or ``"ray"`` (Ray tasks;
             ``pip install 'kopt[ray]'``; a running Ray or ``RAY_ADDRESS`` is used, else a local one).
     """

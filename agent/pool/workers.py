@@ -2,9 +2,10 @@
 
 One worker per visible GPU by default, because a verification may initialize CUDA and two on one
 GPU would compete for it. The GPU the end-to-end timing runs on gets no worker when there are two
-or more GPUs: timing and verification on the same GPU would perturb the timing. With one GPU (or
-none) the default is a single worker sharing the timing device, which the loop runs inline, exactly
-as it did before the pool existed. ``--workers N`` asks for N workers anyway (on the CPU, or spread
+or more GPUs: timing and verification on the same GPU would perturb the timing. With one GPU, or
+timing on the CPU (the sandbox's trials run on CPU cores, so any worker competes with it), the
+default is a single worker sharing the timing device, which the loop runs inline, exactly as it did
+before the pool existed. ``--workers N`` asks for N workers anyway (on the CPU, or spread
 round-robin over the worker GPUs).
 """
 
@@ -24,8 +25,8 @@ class WorkerSlot:
         index: 0.. in the pool.
         cuda_devices: the physical GPU (an entry of the parent's ``CUDA_VISIBLE_DEVICES``, or its
             ordinal), or None for a CPU worker (children left as they are today).
-        shares_timing_device: the worker runs where the end-to-end timing runs (the CPU with CPU
-            timing, or the timing GPU itself).
+        shares_timing_device: the worker competes with the end-to-end timing: it runs on the timing
+            GPU, or the timing runs on the CPU (where every verification's trials run).
     """
 
     index: int
@@ -56,12 +57,13 @@ def plan_workers(requested: int | str, gpus: list[str], timing_gpu: int | None) 
     names by ordinal) and the ordinal of the GPU the timing runs on (None: timing on the CPU)."""
     if requested != AUTO and (not isinstance(requested, int) or requested < 1):
         raise ValueError(f"workers must be 'auto' or a positive integer, got {requested!r}")
-    if not gpus:
+    if not gpus or (timing_gpu is None and requested == AUTO):
         count = 1 if requested == AUTO else requested
-        return tuple(WorkerSlot(i, None, timing_gpu is None) for i in range(count))
+        return tuple(WorkerSlot(i, None, True) for i in range(count))
     free = [k for k in range(len(gpus)) if k != timing_gpu] if len(gpus) >= 2 else [0]
     count = len(free) if requested == AUTO else requested
-    return tuple(WorkerSlot(i, gpus[free[i % len(free)]], free[i % len(free)] == timing_gpu) for i in range(count))
+    chosen = [free[i % len(free)] for i in range(count)]
+    return tuple(WorkerSlot(i, gpus[k], timing_gpu is None or k == timing_gpu) for i, k in enumerate(chosen))
 
 
 def parse_workers(text: str) -> int | str:

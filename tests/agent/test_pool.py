@@ -33,12 +33,13 @@ def serial_and_pooled(tmp_path_factory):
 
 
 def test_auto_is_one_worker_per_gpu_without_the_timing_gpu():
-    """Four GPUs, timing on ordinal 1: three workers on the others; one GPU: one worker sharing it (the
-    inline case); no GPU: one CPU worker; a count spreads over the worker GPUs round-robin."""
+    """Four GPUs, timing on ordinal 1: three workers on the others; one GPU, or timing on the CPU: one
+    worker competing with the timing (the inline case); a count spreads over the worker GPUs."""
     four = plan_workers(AUTO, ["0", "1", "2", "3"], 1)
     assert [s.cuda_devices for s in four] == ["0", "2", "3"] and not any(s.shares_timing_device for s in four)
     assert plan_workers(AUTO, ["0"], 0) == (WorkerSlot(0, "0", True),)
     assert plan_workers(AUTO, [], None) == (WorkerSlot(0, None, True),)
+    assert plan_workers(AUTO, ["0", "1"], None) == (WorkerSlot(0, None, True),)
     assert [s.cuda_devices for s in plan_workers(3, ["4", "6"], 0)] == ["6", "6", "6"]
     assert [s.cuda_devices for s in plan_workers(2, ["4", "6", "7"], None)] == ["4", "6"]
     assert [s.cuda_devices for s in plan_workers(3, [], None)] == [None, None, None]
