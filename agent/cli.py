@@ -86,7 +86,7 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
                          help="verification workers: auto (one per GPU, the timing GPU left out; one with CPU timing) "
                               "or N; beyond one, candidates are verified ahead of the serial timing")
     command.add_argument("--executor", choices=["local", "ray"], default="local",
-                         help="where workers run: local threads, or Ray tasks (pip install 'kopt[ray]')")
+                         help="where workers run: local processes, or Ray tasks (pip install 'kopt[ray]')")
     command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
     command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)

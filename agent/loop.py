@@ -185,7 +185,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         workers: verification workers (:mod:`kopt.agent.pool`): ``"auto"`` is one per visible GPU, the
             timing GPU left out when there are two or more (one GPU, or timing on the CPU: one worker,
             verifying inline as before); a count asks for that many (on the CPU, or over the GPUs).
-        executor: ``"local"`` (threads of this process driving the sandbox) or ``"ray"`` (Ray tasks;
+        executor: ``"local"`` (worker processes on this machine driving the sandbox) or ``"ray"`` (Ray tasks;
             ``pip install 'kopt[ray]'``; a running Ray or ``RAY_ADDRESS`` is used, else a local one).
     """
     if proposer not in PROPOSERS:
@@ -238,8 +238,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         pool = make_executor(executor, workers, timing_gpu(timing_device.type, timing_device.index))
         pool_text = f"{len(pool.slots)} {pool.name} worker(s)" if pool else "inline"
         if pool:
-            log.info("agent: verifying ahead of the timing on %s (%s)", pool_text,
-                     ", ".join(s.device for s in pool.slots))
+            log.info("agent: verifying ahead of the timing on %s (%s)", pool_text, pool.placement)
         stream = (Lookahead(batches, job_for, pool, window=2 * len(pool.slots)) if pool
                   else (Ahead(c) for batch in batches for c in batch))
         try:

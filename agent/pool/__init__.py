@@ -1,12 +1,13 @@
 """The verification pool: region candidates verified by workers ahead of the serial timing.
 
-    kopt optimize flux2 --workers 2                 # two local workers (threads driving the sandbox)
+    kopt optimize flux2 --workers 2                 # two local worker processes
     kopt optimize flux2 --executor ray              # Ray tasks (pip install 'kopt[ray]')
 
 Files, each one concept: :mod:`.workers` (how many workers, which GPU each one's children see),
 :mod:`.job` (one verification as a worker runs it, and the times it records), :mod:`.executor` (the
-one interface, and which executor a run gets), :mod:`.local` (threads), :mod:`.ray_tasks` (Ray
-tasks), :mod:`.lookahead` (the window of candidates verified ahead, and why that is valid).
+one interface, and which executor a run gets), :mod:`.local` (worker processes; :mod:`.worker_main`
+is one, :mod:`.frames` what they exchange), :mod:`.ray_tasks` (Ray tasks), :mod:`.lookahead` (the
+window of candidates verified ahead, and why that is valid).
 """
 
 from kopt.agent.pool.executor import EXECUTORS, Executor, make_executor, timing_gpu

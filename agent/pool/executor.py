@@ -1,9 +1,9 @@
 """The executors' one interface, and which one a run gets.
 
-``submit(job) -> Future[VerifyOutcome]`` and ``close()``: the local executor (threads of this
-process) and the Ray executor (Ray tasks) both run :func:`kopt.agent.pool.job.run_job` on a worker.
-A run verifies inline, as the loop did before the pool, when the executor is local and its only
-worker shares the timing device: verifying ahead there would only make the two compete.
+``submit(job) -> Future[VerifyOutcome]`` and ``close()``: the local executor (worker processes of
+this machine) and the Ray executor (Ray tasks) both run :func:`kopt.agent.pool.job.run_job` on a
+worker. A run verifies inline, as the loop did before the pool, when the executor is local and its
+only worker shares the timing device: verifying ahead there would only make the two compete.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Executor(Protocol):
 
     name: str
     slots: tuple[WorkerSlot, ...]
+    placement: str  # where the workers run, for a human
 
     def submit(self, job: VerifyJob) -> concurrent.futures.Future[VerifyOutcome]: ...
 

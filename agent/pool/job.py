@@ -32,23 +32,27 @@ class VerifyJob:
         candidate: what to verify.
         config: the verifier's settings (the worker adds its ``cuda_devices``).
         region: the region object, when the worker shares the proposer's memory; else None.
-        region_source, region_inputs, region_model: the region's portable form (always filled).
+        region_source, region_inputs, region_model: the region's portable form (filled by
+            :meth:`portable`).
     """
 
     candidate: Candidate
     config: VerifyConfig
     region: Region | None
-    region_source: str
-    region_inputs: tuple[TensorSpec, ...]
-    region_model: str | None
+    region_source: str = ""
+    region_inputs: tuple[TensorSpec, ...] = ()
+    region_model: str | None = None
 
     @staticmethod
     def of(region: Region, candidate: Candidate, config: VerifyConfig) -> VerifyJob:
-        return VerifyJob(candidate, config, region, region.source, tuple(region.inputs), region.model)
+        return VerifyJob(candidate, config, region)
 
     def portable(self) -> VerifyJob:
-        """The same job without the region object, for a worker in another process."""
-        return dataclasses.replace(self, region=None)
+        """The same job with the region as source and specs, for a worker in another process."""
+        if self.region is None:
+            return self
+        region = self.region
+        return VerifyJob(self.candidate, self.config, None, region.source, tuple(region.inputs), region.model)
 
 
 @dataclasses.dataclass(frozen=True)

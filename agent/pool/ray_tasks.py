@@ -80,6 +80,7 @@ class RayExecutor:
         self.slots = tuple(WorkerSlot(i, None, False) for i in range(count))
         need = {"num_gpus": min(1.0, gpus / count), "num_cpus": 0} if gpus >= 1 else {"num_cpus": 1}
         self.resources = need
+        self.placement = "Ray tasks, each " + ", ".join(f"{k}={v:g}" for k, v in need.items())
         self._task = ray.remote(max_retries=0, **need)(_verify_task)
         self._pending: list[tuple[Any, concurrent.futures.Future]] = []
 

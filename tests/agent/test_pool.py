@@ -3,6 +3,8 @@ the current one; the knowledge base ends up as a serial run leaves it (CPU, cost
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import pytest
@@ -13,11 +15,12 @@ from kopt.agent import region as regions
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.kb import Status
 from kopt.agent.pool import AUTO, VerifyJob, WorkerSlot, make_executor, most_in_flight, plan_workers, run_job
+from kopt.agent.pool.local import LocalExecutor, WorkerDied
 from kopt.agent.pool.workers import parse_workers, visible_gpus
 from kopt.agent.propose.llm import LLMProposer
 from kopt.agent.verify import VerifyConfig
 from kopt.passes.base import Contract
-from tests.agent.pool_helpers import BLOCK_CANDIDATES, block_run, kb_outcomes, write_bad_recordings
+from tests.agent.pool_helpers import BLOCK_CANDIDATES, HANG, block_run, kb_outcomes, write_bad_recordings
 from tests.agent.tiny_models import sigmoid_gelu_mlp
 
 QUICK = VerifyConfig(seed=0, shape_trials=1, timeout_s=60, call_timeout_s=3)
@@ -108,6 +111,7 @@ def test_two_candidates_were_verified_at_once(serial_and_pooled):
                          if e.candidate.kind is not CandidateKind.PASS_CHOICE}
     assert region_candidates and region_candidates <= {e.candidate for e in events}
     assert {e.worker for e in events} == {"local-0", "local-1"}
+    assert len({e.process for e in events}) == 2 and os.getpid() not in {e.process for e in events}
     assert most_in_flight(events) == 2
     assert any(a.started < b.ended and b.started < a.ended for a in events for b in events if a is not b)
     assert "verified ahead of the timing, at most 2 at once" in pooled.table()
@@ -142,6 +146,28 @@ def test_a_worker_that_fails_records_an_error_and_the_run_goes_on(tmp_path):
         assert evaluation.status is Status.ERROR
         assert "verification failed in the worker: FileNotFoundError" in evaluation.reason, evaluation.reason
     assert len(kb_outcomes(tmp_path / "kb.sqlite")) == 4
+
+
+def test_a_worker_process_that_dies_fails_its_job_and_is_started_again():
+    """A worker process killed while it holds a job fails that job with the signal named; the next
+    job runs on a fresh worker process and is verified as usual."""
+    region = regions.from_function(lambda x: x * 3.0 + 1.0, torch.randn(8, 16))
+    honest = Candidate(region.signature, CandidateKind.RULE_BY_EXAMPLE,
+                       "def candidate(x):\n    return x * 3.0 + 1.0\n", Contract.tolerance(1e-5))
+    hang = Candidate(region.signature, CandidateKind.RULE_BY_EXAMPLE, HANG.replace("in0", "x"),
+                     Contract.tolerance(1e-5))
+    pool = LocalExecutor(plan_workers(1, [], None))
+    try:
+        first = pool.workers[0].process.pid
+        held = pool.submit(VerifyJob.of(region, hang, QUICK))
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(WorkerDied, match="local-0 died \\(killed by signal SIGKILL\\)"):
+            held.result(timeout=120)
+        outcome = pool.submit(VerifyJob.of(region, honest, QUICK)).result(timeout=120)
+    finally:
+        pool.close()
+    assert outcome.error == "" and outcome.verdict.accepted, outcome.verdict.reason
+    assert outcome.event.process not in (first, os.getpid())
 
 
 def test_ray_missing_names_the_extra(monkeypatch):
