@@ -239,6 +239,9 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         pool_text = f"{len(pool.slots)} {pool.name} worker(s)" if pool else "inline"
         if pool:
             log.info("agent: verifying ahead of the timing on %s (%s)", pool_text, pool.placement)
+            if pool.shares_timing_device:
+                log.warning("agent: verification workers share the timing device (%s): measured times may be "
+                            "perturbed (the cost-model clock is not)", timing_device)
         stream = (Lookahead(batches, job_for, pool, window=2 * len(pool.slots)) if pool
                   else (Ahead(c) for batch in batches for c in batch))
         try:

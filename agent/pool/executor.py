@@ -23,6 +23,7 @@ class Executor(Protocol):
     name: str
     slots: tuple[WorkerSlot, ...]
     placement: str  # where the workers run, for a human
+    shares_timing_device: bool  # some worker competes with the timing (known for a pool started here)
 
     def submit(self, job: VerifyJob) -> concurrent.futures.Future[VerifyOutcome]: ...
 

@@ -82,10 +82,10 @@ class LocalExecutor:
             raise ValueError("a pool needs at least one worker")
         self.slots = tuple(slots)
         self.placement = ", ".join(s.device for s in self.slots)
+        self.shares_timing_device = any(s.shares_timing_device for s in self.slots)
         self.workers = [_Worker(slot) for slot in self.slots]
         self._queue: queue.Queue = queue.Queue()
-        for worker in self.workers:
-            worker.start()
+        for worker in self.workers:  # each process starts with its first job
             threading.Thread(target=self._feed, args=(worker,), name=f"kopt-pool-{worker.name}", daemon=True).start()
 
     def _feed(self, worker: _Worker) -> None:

@@ -69,11 +69,13 @@ class RayExecutor:
     def __init__(self, requested: int | str, slots: Sequence[WorkerSlot]) -> None:
         self._ray = ray = import_ray()
         self._started = not ray.is_initialized()
+        self.shares_timing_device = False  # unknown on a Ray this run did not start
         if self._started:
             if os.environ.get("RAY_ADDRESS"):
                 ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
             else:
                 _start_local(ray, slots)
+                self.shares_timing_device = any(s.shares_timing_device for s in slots)
         resources = ray.cluster_resources()
         gpus, cpus = float(resources.get("GPU", 0)), float(resources.get("CPU", 1))
         count = requested if requested != AUTO else max(1, int(gpus) if gpus >= 1 else int(cpus))

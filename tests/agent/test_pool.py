@@ -67,9 +67,14 @@ def test_the_local_default_is_inline_and_a_count_makes_a_pool():
     assert make_executor("local", AUTO, 0, gpus=["0"]) is None
     pool = make_executor("local", 2, None, gpus=[])
     try:
-        assert pool.name == "local" and len(pool.slots) == 2
+        assert pool.name == "local" and len(pool.slots) == 2 and pool.shares_timing_device  # CPU timing
     finally:
         pool.close()
+    beside = make_executor("local", AUTO, 0, gpus=["0", "1"])
+    try:
+        assert [s.cuda_devices for s in beside.slots] == ["1"] and not beside.shares_timing_device
+    finally:
+        beside.close()
     with pytest.raises(ValueError, match="executor"):
         make_executor("dask", 2, None, gpus=[])
 
@@ -158,16 +163,18 @@ def test_a_worker_process_that_dies_fails_its_job_and_is_started_again():
                      Contract.tolerance(1e-5))
     pool = LocalExecutor(plan_workers(1, [], None))
     try:
+        before = pool.submit(VerifyJob.of(region, honest, QUICK)).result(timeout=120)
         first = pool.workers[0].process.pid
         held = pool.submit(VerifyJob.of(region, hang, QUICK))
         os.kill(first, signal.SIGKILL)
         with pytest.raises(WorkerDied, match="local-0 died \\(killed by signal SIGKILL\\)"):
             held.result(timeout=120)
-        outcome = pool.submit(VerifyJob.of(region, honest, QUICK)).result(timeout=120)
+        after = pool.submit(VerifyJob.of(region, honest, QUICK)).result(timeout=120)
     finally:
         pool.close()
-    assert outcome.error == "" and outcome.verdict.accepted, outcome.verdict.reason
-    assert outcome.event.process not in (first, os.getpid())
+    assert before.verdict.accepted and before.event.process == first
+    assert after.error == "" and after.verdict.accepted, after.verdict.reason
+    assert after.event.process not in (first, os.getpid())
 
 
 def test_ray_missing_names_the_extra(monkeypatch):
