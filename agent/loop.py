@@ -35,6 +35,7 @@ from kopt.agent.kb.records import Measurement
 from kopt.agent.micro import MicroBench
 from kopt.agent.pipeline_choice import rebased, same_pipeline
 from kopt.agent.pool import AUTO, Ahead, Lookahead, VerifyEvent, VerifyJob, VerifyOutcome, make_executor, timing_gpu
+from kopt.agent.pool.job import travels
 from kopt.agent.profile import Occurrence, Profile, find_occurrences, profile_graphs
 from kopt.agent.verify import Verdict, VerifyConfig, verify
 from kopt.progress import show_progress
@@ -231,8 +232,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         def job_for(candidate: Candidate) -> VerifyJob | None:
             """The sandbox verification the loop will want for ``candidate`` (it skips the others)."""
             if (candidate.kind is CandidateKind.PASS_CHOICE or candidate.region_signature not in regions
-                    or kb.has_evaluated(candidate, environment)):
-                return None
+                    or kb.has_evaluated(candidate, environment) or not travels(regions[candidate.region_signature])):
+                return None  # the loop skips it, or verifies it inline
             return VerifyJob.of(regions[candidate.region_signature], candidate, verify_config)
 
         pool = make_executor(executor, workers, timing_gpu(timing_device.type, timing_device.index))

@@ -11,10 +11,10 @@ window of candidates verified ahead, and why that is valid).
 """
 
 from kopt.agent.pool.executor import EXECUTORS, Executor, make_executor, timing_gpu
-from kopt.agent.pool.job import VerifyEvent, VerifyJob, VerifyOutcome, most_in_flight, run_job
+from kopt.agent.pool.job import VerifyEvent, VerifyJob, VerifyOutcome, most_in_flight, run_job, travels
 from kopt.agent.pool.lookahead import Ahead, Lookahead
 from kopt.agent.pool.workers import AUTO, WorkerSlot, parse_workers, plan_workers, visible_gpus
 
 __all__ = ["AUTO", "EXECUTORS", "Ahead", "Executor", "Lookahead", "VerifyEvent", "VerifyJob", "VerifyOutcome",
            "WorkerSlot", "make_executor", "most_in_flight", "parse_workers", "plan_workers", "run_job", "timing_gpu",
-           "visible_gpus"]
+           "travels", "visible_gpus"]

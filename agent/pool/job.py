@@ -1,10 +1,11 @@
 """One verification as a pool runs it: the job sent to a worker, and what comes back.
 
-The job is plain data. In the process that proposed the candidate it carries the :class:`Region`
-itself; for another process (a Ray task) it carries the region's canonical source and input specs
-instead, and the worker rebuilds the region with :func:`kopt.agent.region.from_source`, which gives
-back the same canonical graph (the worker checks that the signature matches before verifying). A
-region's FX nodes point into the whole captured graph, so they are never shipped.
+The job is plain data. A worker runs in another process (a local worker process or a Ray task), so
+the job it gets carries the region's canonical source and input specs (:meth:`VerifyJob.portable`),
+and the worker rebuilds the region with :func:`kopt.agent.region.from_source`, which gives back the
+same canonical graph (the worker checks that the signature matches before verifying; rebuilt regions
+are kept per process). A region's FX nodes point into the whole captured graph, so they are never
+shipped; run in this process, a job uses the region object itself.
 
 Whatever goes wrong in the worker itself (not in the candidate's sandbox child, which the verifier
 already turns into a rejection) comes back as ``error``: the loop records the candidate as an error
@@ -94,6 +95,20 @@ def _region(job: VerifyJob) -> Region:
         with _REBUILT_LOCK:
             _REBUILT[signature] = region
     return region
+
+
+_TRAVELS: dict[str, bool] = {}
+
+
+def travels(region: Region) -> bool:
+    """Whether ``region`` rebuilt from its source has its signature again (checked once per region):
+    one that does not is verified inline by the loop, so that a pool never changes an outcome."""
+    if region.signature not in _TRAVELS:
+        try:
+            _TRAVELS[region.signature] = from_source(region.source, region.inputs).signature == region.signature
+        except Exception:  # noqa: BLE001 - a region that cannot be rebuilt simply does not travel
+            _TRAVELS[region.signature] = False
+    return _TRAVELS[region.signature]
 
 
 def run_job(job: VerifyJob, worker: str, cuda_devices: str | None) -> VerifyOutcome:

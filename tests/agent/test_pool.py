@@ -15,6 +15,7 @@ from kopt.agent import region as regions
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.kb import Status
 from kopt.agent.pool import AUTO, VerifyJob, WorkerSlot, make_executor, most_in_flight, plan_workers, run_job
+from kopt.agent.pool.job import travels
 from kopt.agent.pool.local import LocalExecutor, WorkerDied
 from kopt.agent.pool.workers import parse_workers, visible_gpus
 from kopt.agent.propose.llm import LLMProposer
@@ -91,6 +92,13 @@ def test_a_workers_sandbox_child_sees_only_its_gpu():
     assert on_three.error == "" and on_three.verdict.accepted, on_three.verdict.reason
     assert on_five.error == "" and not on_five.verdict.accepted and "AssertionError" in on_five.verdict.reason
     assert on_three.event.device == "cuda:3" and on_three.event.ended > on_three.event.started
+
+
+def test_every_region_of_the_run_travels_to_a_worker(serial_and_pooled):
+    """Each region the pooled run verified rebuilds from its source with its signature (so workers in
+    other processes verify the very region the loop would have)."""
+    _, (pooled, _) = serial_and_pooled
+    assert pooled.occurrences and all(travels(o.region) for o in pooled.occurrences)
 
 
 def test_two_workers_leave_the_knowledge_base_as_a_serial_run(serial_and_pooled):
