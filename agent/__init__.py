@@ -31,11 +31,13 @@ The loop (issue 19), each stage its own module:
   :mod:`.cost_model` — the deterministic clock CPU tests ask for by name.
 * :mod:`.loop` — ``optimize(model, example_inputs, budget_min=, proposer=, kb_path=, seed=)``,
   resumable from the KB; :mod:`.report` — the table and the PNG plot; :mod:`.cli` — ``kopt optimize``.
+* :mod:`.pool` — region candidates verified ahead by a pool of workers (one per GPU locally, the
+  timing GPU left out; or Ray tasks) while the loop times the current one, serially.
 * :mod:`.auto` — ``kopt.compile(passes="auto")`` applies the KB's wins here, re-verified on first use;
   :mod:`.auto_pipeline` — the same for pipeline choices (another pass list per graph signature).
 
 Not yet: autotune-config candidates of kopt's kernels, FP8 granularity per layer (per graph only),
-a worker pool (one process per GPU) / Ray.
+timing spread over several GPUs (issue 12).
 """
 
 from kopt.agent.candidate import Candidate, CandidateKind, Convention, original_candidate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -18,6 +19,15 @@ def _interpreted_triton() -> None:
         return
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     os.execve(sys.executable, [sys.executable, "-m", "kopt.cli", *sys.argv[1:]], env)
+
+
+def _workers(text: str) -> int | str:
+    from kopt.agent.pool.workers import parse_workers
+
+    try:
+        return parse_workers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
@@ -38,7 +48,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                       seed=args.seed, clock="cost-model" if args.cost_model else None, model_name=workload.name,
                       max_candidates=args.max_candidates, progress=args.progress,
                       lower=args.lower or ("inductor" if args.size == "full" else "eager"),
-                      micro=args.micro, pipelines=args.pipelines)
+                      micro=args.micro, pipelines=args.pipelines, workers=args.workers, executor=args.executor)
     print(result.table())
     plot = result.plot(Path(args.plot))
     print(f"plot: {plot}\nknowledge base: {result.kb_path}")
@@ -49,7 +59,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                              "kind": e.candidate.kind.value, "params": dict(e.candidate.params),
                              "status": e.status.value, "reason": e.reason,
                              "e2e": e.e2e.to_dict() if e.e2e else None} for e in result.evaluations],
-            "skipped": result.skipped, "elapsed_s": result.elapsed_s}, indent=1))
+            "skipped": result.skipped, "elapsed_s": result.elapsed_s, "pool": result.pool,
+            "verified_ahead": [dataclasses.asdict(e) for e in result.verified_ahead]}, indent=1))
     return 0
 
 
@@ -71,6 +82,11 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
                          help="time region candidates alone first and stop those not 1%% faster")
     command.add_argument("--pipelines", action=argparse.BooleanOptionalAction, default=True,
                          help="also propose pipeline choices (opt-in/left-out passes, attention backends)")
+    command.add_argument("--workers", type=_workers, default="auto",
+                         help="verification workers: auto (one per GPU, the timing GPU left out; one with CPU timing) "
+                              "or N; beyond one, candidates are verified ahead of the serial timing")
+    command.add_argument("--executor", choices=["local", "ray"], default="local",
+                         help="where workers run: local processes, or Ray tasks (pip install 'kopt[ray]')")
     command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
     command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)

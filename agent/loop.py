@@ -6,6 +6,10 @@ pipeline choice for a whole graph (:mod:`kopt.agent.pipeline_choice`; its check 
 against the higher-precision reference, inside the end-to-end measurement). Search proposals are
 ordered by what the knowledge base learned on other models (:mod:`kopt.agent.propose.warm`).
 
+Parallel (:mod:`kopt.agent.pool`): with ``workers`` beyond the one that shares the timing device, a
+pool of workers verifies the next region candidates while the loop times the current one (verdicts
+do not depend on what was accepted, so verifying ahead is valid); timing stays serial here.
+
 Resumable: every evaluation lands in the knowledge base as it finishes, and a run starts from it:
 what was accepted on this environment is the baseline again, and a candidate already evaluated here
 (by content hash) is skipped. Stopping at any point (budget, Ctrl-C) loses at most the candidate in
@@ -26,10 +30,12 @@ import torch
 from kopt.agent.bench import BenchConfig, E2EResult, WallClock, measure
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.graphs import ProbedGraph, capture_graphs
-from kopt.agent.micro import MicroBench
-from kopt.agent.pipeline_choice import rebased, same_pipeline
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
 from kopt.agent.kb.records import Measurement
+from kopt.agent.micro import MicroBench
+from kopt.agent.pipeline_choice import rebased, same_pipeline
+from kopt.agent.pool import AUTO, Ahead, Lookahead, VerifyEvent, VerifyJob, VerifyOutcome, make_executor, timing_gpu
+from kopt.agent.pool.job import travels
 from kopt.agent.profile import Occurrence, Profile, find_occurrences, profile_graphs
 from kopt.agent.verify import Verdict, VerifyConfig, verify
 from kopt.progress import show_progress
@@ -65,6 +71,8 @@ class OptimizeResult:
     clock: Any
     elapsed_s: float
     stopped: str = ""
+    pool: str = "inline"
+    verified_ahead: list[VerifyEvent] = dataclasses.field(default_factory=list)
 
     def table(self) -> str:
         from kopt.agent.report import candidate_table
@@ -77,9 +85,12 @@ class OptimizeResult:
         return region_plot(self, Path(path))
 
 
-def _proposals(proposer: str, occurrences: Sequence[Occurrence], profile: Profile, kb: KnowledgeBase, seed: int,
-               llm: Any, graphs: Sequence[ProbedGraph] = (), class_keys: Mapping[str, str] | None = None,
-               device: str = "cpu", fp8: Any = None, pipelines: bool = True) -> Iterator[Candidate]:
+def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile: Profile, kb: KnowledgeBase,
+                      seed: int, llm: Any, graphs: Sequence[ProbedGraph] = (),
+                      class_keys: Mapping[str, str] | None = None, device: str = "cpu", fp8: Any = None,
+                      pipelines: bool = True) -> Iterator[list[Candidate]]:
+    """The proposals in batches: the next one is asked for only once the loop took every candidate
+    before it, so a look-ahead never makes a proposer read the KB earlier (:mod:`kopt.agent.pool.lookahead`)."""
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
         from kopt.agent.propose.pipeline import propose_pipelines
@@ -89,12 +100,15 @@ def _proposals(proposer: str, occurrences: Sequence[Occurrence], profile: Profil
         found = list(propose_all(occurrences, ranked, seed=seed))
         if pipelines:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
-        yield from warm_order(found, kb, class_keys or {})
+        yield list(warm_order(found, kb, class_keys or {}))
     if proposer in ("llm", "all"):
         from kopt.agent.propose.llm import LLMProposer
 
         llm = llm or LLMProposer.from_environment()
-        yield from llm.propose_all(occurrences, profile, kb)
+        if hasattr(llm, "propose_batches"):
+            yield from llm.propose_batches(occurrences, profile, kb)
+        else:  # a proposer that only streams: one candidate at a time, nothing asked for early
+            yield from ([candidate] for candidate in llm.propose_all(occurrences, profile, kb))
 
 
 def _lesson(kb: KnowledgeBase, region: Any, evaluation: Evaluation, record: Any) -> None:
@@ -117,12 +131,15 @@ def _resume(kb: KnowledgeBase, signatures: Sequence[str], environment: Any) -> d
 
 def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], accepted: Mapping[str, Candidate],
              clock: Any, verify_config: VerifyConfig, bench_config: BenchConfig, micro: Any = None,
-             occurrence: Occurrence | None = None) -> Evaluation:
+             occurrence: Occurrence | None = None, verified: VerifyOutcome | None = None) -> Evaluation:
     """Verify ``candidate`` in the sandbox (a region candidate), time it alone (``micro``), then
-    measure it end to end on top of ``accepted``; a pipeline choice's check is the end-to-end one."""
+    measure it end to end on top of ``accepted``; a pipeline choice's check is the end-to-end one.
+    ``verified``: the pool's verification of it, done ahead (the sandbox is not run again)."""
     verdict, micro_result = None, None
     if candidate.kind is not CandidateKind.PASS_CHOICE:
-        verdict = verify(region, candidate, verify_config)
+        if verified is not None and verified.verdict is None:
+            return Evaluation(candidate, Status.ERROR, f"verification failed in the worker: {verified.error}")
+        verdict = verified.verdict if verified is not None else verify(region, candidate, verify_config)
         if not verdict.accepted:
             return Evaluation(candidate, Status.REJECTED, f"verifier: {verdict.reason}", verdict)
         if micro is not None and occurrence is not None:
@@ -148,7 +165,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
              verify_config: VerifyConfig | None = None, bench_config: BenchConfig | None = None,
              model_name: str | None = None, max_candidates: int | None = None, llm: Any = None,
              progress: bool | None = None, micro: bool = True, lower: str = "eager", fp8: Any = None,
-             pipelines: bool = True) -> OptimizeResult:
+             pipelines: bool = True, workers: int | str = AUTO, executor: str = "local") -> OptimizeResult:
     """Find, prove and keep rewrites for ``model`` within ``budget_min`` minutes (module docstring).
 
     Args:
@@ -166,6 +183,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
             by op) or ``"inductor"`` (lowered as ``kopt.compile`` does: use this on a GPU).
         fp8: an :class:`kopt.fp8.config.Fp8Config`: also propose the FP8 pipeline per granularity.
         pipelines: propose pipeline choices (opt-in passes, left-out passes, attention backends).
+        workers: verification workers (:mod:`kopt.agent.pool`): ``"auto"`` is one per visible GPU, the
+            timing GPU left out when there are two or more (one GPU, or timing on the CPU: one worker,
+            verifying inline as before); a count asks for that many (on the CPU, or over the GPUs).
+        executor: ``"local"`` (worker processes on this machine driving the sandbox) or ``"ray"`` (Ray tasks;
+            ``pip install 'kopt[ray]'``; a running Ray or ``RAY_ADDRESS`` is used, else a local one).
     """
     if proposer not in PROPOSERS:
         raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
@@ -197,45 +219,75 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         for region in regions.values():
             kb.record_region(region, model=model_name)
         class_keys = {signature: region.class_key for signature, region in regions.items()}
-        device = next((a.device.type for g in graphs for a in g.args if isinstance(a, torch.Tensor)), "cpu")
+        timing_device = next((a.device for g in graphs for a in g.args if isinstance(a, torch.Tensor)),
+                             torch.device("cpu"))
+        device = timing_device.type
         bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""
-        for candidate in _proposals(proposer, occurrences, profile, kb, seed, llm, graphs, class_keys, device, fp8,
-                                    pipelines):
-            if time.monotonic() > deadline:
-                stopped = f"budget of {budget_min:g} min used"
-                break
-            if max_candidates is not None and len(evaluations) >= max_candidates:
-                stopped = f"{max_candidates} candidates evaluated"
-                break
-            if candidate.region_signature not in regions:
-                continue
-            if candidate.kind is CandidateKind.PASS_CHOICE:
+        batches = _proposal_batches(proposer, occurrences, profile, kb, seed, llm, graphs, class_keys, device, fp8,
+                                    pipelines)
+
+        def job_for(candidate: Candidate) -> VerifyJob | None:
+            """The sandbox verification the loop will want for ``candidate`` (it skips the others)."""
+            if (candidate.kind is CandidateKind.PASS_CHOICE or candidate.region_signature not in regions
+                    or kb.has_evaluated(candidate, environment) or not travels(regions[candidate.region_signature])):
+                return None  # the loop skips it, or verifies it inline
+            return VerifyJob.of(regions[candidate.region_signature], candidate, verify_config)
+
+        pool = make_executor(executor, workers, timing_gpu(timing_device.type, timing_device.index))
+        pool_text = f"{len(pool.slots)} {pool.name} worker(s)" if pool else "inline"
+        if pool:
+            log.info("agent: verifying ahead of the timing on %s (%s)", pool_text, pool.placement)
+            if pool.shares_timing_device:
+                log.warning("agent: verification workers share the timing device (%s): measured times may be "
+                            "perturbed (the cost-model clock is not)", timing_device)
+        stream = (Lookahead(batches, job_for, pool, window=2 * len(pool.slots)) if pool
+                  else (Ahead(c) for batch in batches for c in batch))
+        try:
+            for ahead in stream:
+                candidate = ahead.candidate
+                if time.monotonic() > deadline:
+                    stopped = f"budget of {budget_min:g} min used"
+                    break
+                if max_candidates is not None and len(evaluations) >= max_candidates:
+                    stopped = f"{max_candidates} candidates evaluated"
+                    break
+                if candidate.region_signature not in regions:
+                    continue
+                if candidate.kind is CandidateKind.PASS_CHOICE:
+                    if kb.has_evaluated(candidate, environment):
+                        skipped += 1
+                        continue
+                    kept = accepted.get(candidate.region_signature)
+                    candidate = rebased(candidate, kept)
+                    if kept is not None and same_pipeline(candidate, kept):
+                        continue  # the change is already part of what was kept for this graph
                 if kb.has_evaluated(candidate, environment):
                     skipped += 1
                     continue
-                kept = accepted.get(candidate.region_signature)
-                candidate = rebased(candidate, kept)
-                if kept is not None and same_pipeline(candidate, kept):
-                    continue  # the change is already part of what was kept for this graph
-            if kb.has_evaluated(candidate, environment):
-                skipped += 1
-                continue
-            log.info("agent: candidate %d (%s %s) for region %s", len(evaluations) + 1, candidate.kind.value,
-                     ", ".join(f"{k}={v}" for k, v in candidate.params[1:] or candidate.params),
-                     candidate.region_signature[:12])
-            evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
-                                  verify_config, bench_config, bench, first.get(candidate.region_signature))
-            e2e = evaluation.e2e.speedup if evaluation.e2e else None
-            record = kb.record_candidate(candidate, status=evaluation.status, reason=evaluation.reason,
-                                         verdict=evaluation.verdict, micro=evaluation.micro, e2e=e2e,
-                                         environment=environment)
-            _lesson(kb, regions[candidate.region_signature], evaluation, record)
-            if evaluation.status is Status.ACCEPTED:
-                accepted[candidate.region_signature] = candidate
-            log.info("agent: %s: %s", evaluation.status.value, evaluation.reason[:120])
-            evaluations.append(evaluation)
+                log.info("agent: candidate %d (%s %s) for region %s", len(evaluations) + 1, candidate.kind.value,
+                         ", ".join(f"{k}={v}" for k, v in candidate.params[1:] or candidate.params),
+                         candidate.region_signature[:12])
+                verified = stream.outcome(ahead) if pool else None
+                if verified is not None and verified.event is not None:
+                    event = verified.event
+                    log.info("agent: verified ahead on %s in %.1f s", event.worker, event.ended - event.started)
+                evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
+                                      verify_config, bench_config, bench, first.get(candidate.region_signature),
+                                      verified)
+                e2e = evaluation.e2e.speedup if evaluation.e2e else None
+                record = kb.record_candidate(candidate, status=evaluation.status, reason=evaluation.reason,
+                                             verdict=evaluation.verdict, micro=evaluation.micro, e2e=e2e,
+                                             environment=environment)
+                _lesson(kb, regions[candidate.region_signature], evaluation, record)
+                if evaluation.status is Status.ACCEPTED:
+                    accepted[candidate.region_signature] = candidate
+                log.info("agent: %s: %s", evaluation.status.value, evaluation.reason[:120])
+                evaluations.append(evaluation)
+        finally:
+            if pool:
+                stream.close()
     return OptimizeResult(profile, evaluations, accepted, resumed, skipped, Path(kb.path), graphs, occurrences, clock,
-                          time.monotonic() - started, stopped)
+                          time.monotonic() - started, stopped, pool_text, list(stream.events) if pool else [])

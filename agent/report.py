@@ -22,6 +22,11 @@ def candidate_table(result: Any) -> str:
                  f"(already in the knowledge base), {len(result.resumed)} accepted earlier; clock: "
                  f"{result.clock.name}; {result.elapsed_s:.0f} s" + (f"; stopped: {result.stopped}" if result.stopped
                                                                       else ""))
+    if result.verified_ahead:
+        from kopt.agent.pool import most_in_flight
+
+        lines.append(f"verification: {result.pool}; {len(result.verified_ahead)} verified ahead of the timing, "
+                     f"at most {most_in_flight(result.verified_ahead)} at once")
     return "\n".join(lines)
 
 

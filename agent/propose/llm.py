@@ -140,8 +140,9 @@ class LLMProposer:
                 json.dumps(exchange, indent=1))
         return [exchange]
 
-    def propose_all(self, occurrences: Sequence[Any], profile: Any, kb: Any) -> Iterator[Candidate]:
-        """One exchange per region for the ``top_regions`` best-ranked regions."""
+    def propose_batches(self, occurrences: Sequence[Any], profile: Any, kb: Any) -> Iterator[list[Candidate]]:
+        """One exchange per region for the ``top_regions`` best-ranked regions, a batch per region: a
+        region's prompt reads the KB's lessons only when the batch is asked for."""
         first = {}
         for occurrence in occurrences:
             first.setdefault(occurrence.region.signature, occurrence)
@@ -150,8 +151,15 @@ class LLMProposer:
             if occurrence is None:
                 continue
             lessons = kb.lessons(occurrence.region.class_key) if kb is not None else []
+            batch = []
             for exchange in self.exchange(occurrence, region_profile, lessons):
                 origin = "llm:" + exchange["response"].get("model", self.model)
                 candidate = candidate_from_response(exchange["response"], occurrence.region, origin)
                 if candidate is not None:
-                    yield candidate
+                    batch.append(candidate)
+            yield batch
+
+    def propose_all(self, occurrences: Sequence[Any], profile: Any, kb: Any) -> Iterator[Candidate]:
+        """One exchange per region for the ``top_regions`` best-ranked regions."""
+        for batch in self.propose_batches(occurrences, profile, kb):
+            yield from batch

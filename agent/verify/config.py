@@ -31,6 +31,8 @@ class VerifyConfig:
             (background threads, reused buffers).
         threads: torch intra-op threads in the child (1 keeps parallel verifications fair).
         python: the interpreter for the child (None: the current one).
+        cuda_devices: the child's ``CUDA_VISIBLE_DEVICES`` (a worker of :mod:`kopt.agent.pool` pins its
+            children to its GPU this way); None leaves it unset, so the child sees every GPU.
     """
 
     shape_trials: int = 6
@@ -45,6 +47,7 @@ class VerifyConfig:
     late_wait_s: float = 0.05
     threads: int = 1
     python: str | None = None
+    cuda_devices: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

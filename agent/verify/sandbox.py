@@ -47,9 +47,12 @@ class ChildRun:
         return f"the process ended (exit code {code}) before the harness reported"
 
 
-def child_environment(root: Path, threads: int) -> dict[str, str]:
+def child_environment(root: Path, threads: int, cuda_devices: str | None = None) -> dict[str, str]:
+    """The child's whole environment; ``cuda_devices`` (a pool worker's GPU) becomes its
+    ``CUDA_VISIBLE_DEVICES``: the fork server never initializes CUDA, so a fork still picks it up."""
     interpret = os.environ.get("TRITON_INTERPRET", "1")
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(root / "home"), "TMPDIR": str(root / "home"),
+    pinned = {} if cuda_devices is None else {"CUDA_VISIBLE_DEVICES": cuda_devices}
+    return {**pinned, "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(root / "home"), "TMPDIR": str(root / "home"),
             "LANG": "C.UTF-8", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
             "TRITON_INTERPRET": interpret, "TRITON_CACHE_DIR": str(root / "home" / "triton"),
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": str(secrets.randbelow(2**32))}
@@ -75,7 +78,7 @@ def _report(text: str, nonce: str) -> dict | None:
 
 
 def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None = None,
-              fresh_interpreter: bool = False) -> ChildRun:
+              fresh_interpreter: bool = False, cuda_devices: str | None = None) -> ChildRun:
     """Run the child on the prepared work folder ``root`` and collect its report: forked from the fork
     server (:mod:`kopt.agent.verify.forkserver`), or as a new interpreter with ``fresh_interpreter``."""
     nonce = secrets.token_hex(16)
@@ -85,12 +88,14 @@ def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None 
         from kopt.agent.verify.forkserver import server
 
         template = child_environment(root.parent, threads)
-        returncode, timed_out = server(python, template).run(root, nonce, child_environment(root, threads), timeout_s)
+        environment = child_environment(root, threads, cuda_devices)
+        returncode, timed_out = server(python, template).run(root, nonce, environment, timeout_s)
         return _collect(stdout_path, stderr_path, nonce, returncode, timed_out, time.monotonic() - started)
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen([python or sys.executable, "-I", str(CHILD), str(root)], stdin=subprocess.PIPE,
                                    stdout=stdout, stderr=stderr, cwd=str(root / "home"),
-                                   env=child_environment(root, threads), start_new_session=True)
+                                   env=child_environment(root, threads, cuda_devices),
+                                   start_new_session=True)
         timed_out = False
         try:
             process.stdin.write((nonce + "\n").encode())

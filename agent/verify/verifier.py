@@ -98,7 +98,8 @@ def verify(region: Region, candidate: Candidate, config: VerifyConfig | None = N
     log = list(notes) + [f"trial {i}: {p.describe()}" for i, p in enumerate(plans)]
     with tempfile.TemporaryDirectory(prefix="kopt-verify-") as folder:
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=1, warmup=0)
-        run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python)
+        run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python,
+                        cuda_devices=config.cuda_devices)
         found, extra = _trial_checks(run, work, region, candidate, config, plans, 0)
     checks += found
     log += (run.report or {}).get("notes", []) + extra
@@ -124,7 +125,7 @@ def time_candidate(region: Region, candidate: Candidate, config: VerifyConfig | 
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=timing.rounds,
                         warmup=timing.warmup)
         run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python,
-                        fresh_interpreter=True)
+                        fresh_interpreter=True, cuda_devices=config.cuda_devices)
         checks, _ = _trial_checks(run, work, region, candidate, config, plans, timing.warmup)
     checks = [CheckResult(f"timing-{c.name}", c.passed, c.detail, c.trial, c.numbers) for c in checks]
     if run.report is None or not all(c.passed for c in checks):
