@@ -2,9 +2,9 @@
 
 Passes read ``meta["val"]`` (a FakeTensor: shape, dtype, strides) of the nodes they match, so after
 a pass that rewrote the graph the metadata must describe the new graph. Propagating FakeTensors
-through the whole graph after every such pass costs one fake dispatch per node per pass: on a
-FLUX.1-dev-depth graph (57 blocks) that was most of the time kopt's passes took. :func:`refresh`
-recomputes only
+through the whole graph after every such pass costs one fake dispatch per node per pass, which
+grows with the model's depth times the number of passes (``benchmarks/dit/compile_time.py``
+shows the passes' time). :func:`refresh` recomputes only
 
 * nodes the pass created, nodes whose operation or arguments it changed (for a constant, also the
   tensor its name holds), nodes without metadata;

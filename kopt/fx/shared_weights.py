@@ -1,8 +1,8 @@
 """Module weights that are views of the merged constant built from them: one copy of the bytes.
 
 ``sibling-merge`` concatenates the Q/K/V (and modulation) weights of a block into one tensor the
-lowered graph reads. Kept beside the module's own weights, that is a second copy of them: on a
-FLUX.1-dev-config transformer, 14 GB on top of 24 GB. :func:`share` makes each module weight a view
+lowered graph reads. Kept beside the module's own weights, that is a second copy of them
+(``benchmarks/dit/weight_bytes.py`` measures it). :func:`share` makes each module weight a view
 of its block of rows in the merged tensor instead (``param.data = merged[rows]``; the Parameter
 object, its shape, strides, dtype and version counter stay), and the original storage is freed.
 
