@@ -15,8 +15,9 @@ within one row; for real updates, a chance of 2**-32 per changed row); rows move
 positions are seen because the sums are compared row by row. Weights of at most ``SMALL_BYTES``
 (biases, norm scales) are compared whole against a copy instead, all of one element width in one
 operation: nothing written to them can be missed. Cost: one read of the watched weights per call,
-one reduction per large weight. The results on one device are compared there, and a single flag is
-read back: never one synchronisation per weight. On a GPU the comparison runs on a side stream
+one reduction per large weight, recorded once as a CUDA graph on a GPU (one launch per call). The
+results on one device are compared there, and a single flag is read back: never one
+synchronisation per weight. On a GPU the comparison runs on a side stream
 while the forward runs (:class:`Pending`): a memory-bound read beside a mostly compute-bound
 forward; the call waits for the flag only before returning, and on a change derives again and
 runs the forward once more (the first run read stale constants and is discarded).
@@ -102,6 +103,9 @@ class _DeviceSums:
     lengths: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     _stream: Any = None  # CUDA: the side stream comparisons run on, and the pinned flag they write
     _flag: Any = None
+    _graph: Any = None  # CUDA: the comparison recorded as one graph (see :meth:`_record`)
+    _recorded: Any = None  # its outputs: (differs per key, any difference)
+    graph_error: str | None = None  # why the comparison could not be recorded (launched op by op)
 
     def current(self, args: Any) -> dict[int, list[torch.Tensor]]:
         """Per key (0: the large weights' row checksums; else a width: the small weights' bytes)."""
@@ -126,11 +130,36 @@ class _DeviceSums:
             self._flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
         self._stream.wait_stream(torch.cuda.current_stream(device))  # see every write queued before the call
         with torch.cuda.stream(self._stream):
-            differs = self._differs(args)
-            self._flag.copy_(torch.stack([d.any() for d in differs.values()]).any(), non_blocking=True)
+            if self._graph is None and self.graph_error is None:
+                self._record(args)
+            if self._graph is not None:
+                self._graph.replay()
+                differs, any_differs = self._recorded
+            else:
+                differs = self._differs(args)
+                any_differs = torch.stack([d.any() for d in differs.values()]).any()
+            self._flag.copy_(any_differs, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
         return Pending(self, differs, self._flag, event)
+
+    def _record(self, args: Any) -> None:
+        """Record the comparison as one CUDA graph: a launch per call instead of one per weight (a
+        model watches hundreds, and each launch from Python costs more host time than the GPU spends
+        on it). Valid because the readers read the weights in place and a recorded graph reads the
+        same addresses: a weight given new storage is caught by the storage check first, and
+        :meth:`snapshot` (which follows) drops the recording. A recording that fails leaves the
+        comparison launched op by op, with the reason in :attr:`graph_error`."""
+        try:
+            self._differs(args)  # warm-up on this stream: the recording must not allocate first-time state
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self._stream):
+                differs = self._differs(args)
+                any_differs = torch.stack([d.any() for d in differs.values()]).any()
+        except Exception as error:  # noqa: BLE001 - an op that cannot be recorded: compare op by op
+            self.graph_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+            return
+        self._graph, self._recorded = graph, (differs, any_differs)
 
     def _differs(self, args: Any) -> dict[int, torch.Tensor]:
         return {key: torch.cat(values) != self.stored[key] for key, values in self.current(args).items()}
@@ -170,6 +199,13 @@ class Pending:
             self.event.synchronize()
         assert self.group is not None and self.flag is not None
         return self.group.locate(self.differs) if bool(self.flag) else []
+
+
+def _capturing() -> bool:
+    """Whether the caller is recording a CUDA graph around kopt (its own whole-forward replay, say).
+    Then only versions and storages are checked: a comparison inside someone else's recording could
+    not be waited for, and its replays would never run this check again anyway."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class WeightGuard:
@@ -232,7 +268,7 @@ class WeightGuard:
         storages at once, then (checksum) one comparison per device, those on a GPU left running."""
         moved = [p for p in self.positions
                  if (args[p]._version, args[p].data_ptr()) != self._versions[p]]
-        if moved or self.check is not WeightCheck.CHECKSUM:
+        if moved or self.check is not WeightCheck.CHECKSUM or _capturing():
             return [Pending(None, {}, None, None, known=moved)]
         return [group.launch(args) for group in self._groups]
 

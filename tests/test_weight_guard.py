@@ -92,3 +92,38 @@ def test_on_a_gpu_the_comparison_runs_beside_other_work_and_sees_writes_queued_b
     weights[0].data[1000].add_(1.0)
     weights[1].data[3] = 123.0
     assert sorted(guard.changed(weights)) == [0, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_recorded_comparison_sees_every_later_write():
+    """The comparison is recorded once as a CUDA graph; its replays still see writes made afterwards,
+    through ``.data`` as well, and new storage is caught first and recorded anew."""
+    weights = {i: _weight((512 + 64 * i, 256), torch.bfloat16).cuda() for i in range(6)}
+    weights[6] = _weight((32,), torch.float32).cuda()
+    guard = WeightGuard(list(weights), WeightCheck.CHECKSUM, weights)
+    for _ in range(3):
+        assert guard.changed(weights) == []
+    (group,) = guard._groups
+    assert group.graph_error is None and group._graph is not None
+    weights[4].data[100, 7] += 1.0
+    weights[6].data[0] = -3.0
+    assert sorted(guard.changed(weights)) == [4, 6]
+    guard.snapshot(weights)
+    assert guard.changed(weights) == []
+    weights[2].data = weights[2].detach().clone()
+    assert guard.changed(weights) == [2]
+    guard.snapshot(weights)
+    weights[2].data[5].mul_(2.0)
+    assert guard.changed(weights) == [2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inside_another_cuda_graph_recording_only_versions_are_checked():
+    weights = {0: _weight((1024, 256), torch.bfloat16).cuda()}
+    guard = WeightGuard([0], WeightCheck.CHECKSUM, weights)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        checks = guard.start(weights)
+    assert [check.ready for check in checks] == [True] and checks[0].changed() == []
