@@ -208,9 +208,9 @@ def all_variants() -> list[Variant]:
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
                 estimate_full_s=420, aliases=("compile-full", "whole")),
     ]
-    estimates = {"kopt-eager": 120}  # whole-model Inductor compiles: ~200 s Qwen-Image, ~90 s FLUX.2 (H200)
+    estimates = {"kopt-eager": 120}  # FLUX.1-dev config on an H200: ~125 s compile, timing and profile
     variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
-                         estimate_full_s=estimates.get(name, 200)) for name, options in KOPT_OPTIONS.items()]
+                         estimate_full_s=estimates.get(name, 150)) for name, options in KOPT_OPTIONS.items()]
     variants += [
         # frees the module's bf16 weights that the compiled graph no longer reads: nothing can run
         # on the model after it, so it is the only model-mutating variant of its process
@@ -219,14 +219,14 @@ def all_variants() -> list[Variant]:
                 mutates_model=True, exclusive=True, estimate_full_s=200),
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
-                estimate_full_s=180, aliases=("fp8",)),
+                estimate_full_s=90, aliases=("fp8",)),
         Variant("fp8+torch.compile-fast-accum", "rowwise FP8 linears with fast accumulation + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True, fast_accum=True), mutates_model=True,
-                estimate_full_s=180),
+                estimate_full_s=90),
         Variant("fp8+torch.compile-fast-accum+graphs",
                 "rowwise FP8 linears with fast accumulation + regional torch.compile, whole forward replayed "
                 "from a CUDA graph", lambda m, s: _replayed(_fp8(m, s, compile_blocks=True, fast_accum=True), s),
-                mutates_model=True, estimate_full_s=180, aliases=("fp8+graphs",)),
+                mutates_model=True, estimate_full_s=90, aliases=("fp8+graphs",)),
         Variant("fp8-eager", "rowwise FP8 linears, no compile", lambda m, s: _fp8(m, s, compile_blocks=False),
                 mutates_model=True, estimate_full_s=60),
     ]
