@@ -330,3 +330,21 @@ def test_stall_probe_reports_state_and_makes_the_process_print_its_stack(tmp_pat
     assert probe.returncode == 0, probe.stderr
     assert "=== " in probe.stdout and "STAT" in probe.stdout and str(process.pid) in probe.stdout
     assert "waiting_in_a_named_function" in stderr.read_text()
+
+
+def test_pipeline_benchmark_runs_a_real_flux_pipeline_eager_and_kopt(tmp_path):
+    """benchmarks/dit/pipeline.py's plumbing on the tiny FluxPipeline: both modes make an image, kopt's
+    is eager's within bf16 noise, and the memo sees every transformer call (plus the first call's
+    lowering check)."""
+    from benchmarks.dit.pipeline import main
+
+    main(["--model", "flux1-dev", "--tiny", "--device", "cpu", "--steps", "2", "--size", "64", "--images", "1",
+          "--modes", "eager,kopt", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "pipeline-flux1-dev-tiny.json").read_text())
+    eager, compiled = result["rows"]
+    assert [eager["mode"], compiled["mode"]] == ["eager", "kopt"]
+    assert eager["seconds_per_image"] > 0 and compiled["seconds_per_image"] > 0
+    assert compiled["rel_err_vs_eager"] < 0.05
+    assert compiled["memo_misses"] >= 2  # the warm-up image's two timesteps
+    assert compiled["memo_hits"] + compiled["memo_misses"] >= 2 * 2  # warm-up and timed image, 2 steps each
+    assert "| kopt |" in (tmp_path / "pipeline-flux1-dev-tiny.md").read_text()

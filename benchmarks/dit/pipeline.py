@@ -2,6 +2,7 @@
 ``compile_repeated_blocks`` vs ``kopt.optimize_pipeline``, with kopt's step-invariant memo hit rate.
 
     python benchmarks/dit/pipeline.py --model qwen-image --steps 28     # one model per 10-minute GPU call
+    python benchmarks/dit/pipeline.py --model flux1-dev --tiny --device cpu --steps 2 --size 64   # plumbing check
 
 The transformer is the published configuration (Qwen-Image 20B, or FLUX.1-dev 12B) with random
 weights in bf16 on the GPU, inside the stock ``QwenImagePipeline`` / ``FluxPipeline``; text
@@ -11,7 +12,9 @@ one evaluation of kopt's memo); FLUX.1-dev is guidance-distilled (one call per s
 
 Each mode: a warm-up image (compiles; its time is the compile cost), then ``--images`` timed images
 on fresh pipelines of the same weights. Writes ``pipeline-<model>.json`` and ``.md`` under ``$OUT``
-(or ``benchmarks/results``); the images' relative error against eager's is in both.
+(or ``benchmarks/results``); the images' relative error against eager's is in both. ``--tiny``
+swaps in the test suite's tiny pipelines (every component tiny): the CPU check of this script's
+plumbing, not a measurement.
 """
 
 from __future__ import annotations
@@ -89,17 +92,32 @@ def qwen_image_pipeline(device: str, dtype: torch.dtype):
     return pipe, dict(negative_prompt=" ", true_cfg_scale=4.0)
 
 
+def tiny_pipeline(model: str, device: str, dtype: torch.dtype):
+    """The test suite's tiny pipeline of ``model`` (every component tiny), on ``device``."""
+    from tests.integrations.tiny_pipelines import tiny_flux_pipeline, tiny_qwen_image_pipeline
+
+    if model == "qwen-image":
+        return tiny_qwen_image_pipeline().to(device, dtype), dict(negative_prompt=" ", true_cfg_scale=4.0)
+    return tiny_flux_pipeline().to(device, dtype), dict(guidance_scale=3.5, max_sequence_length=32)
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def generate(pipe, arguments: dict, steps: int, size: int, seed: int) -> tuple[torch.Tensor, float]:
-    torch.cuda.synchronize()
+    device = str(pipe.transformer.device)
+    _synchronize(device)
     start = time.perf_counter()
     with torch.no_grad():
         image = pipe(prompt=PROMPT, num_inference_steps=steps, height=size, width=size, output_type="pt",
-                     generator=torch.Generator("cuda").manual_seed(seed), **arguments).images
-    torch.cuda.synchronize()
+                     generator=torch.Generator(device).manual_seed(seed), **arguments).images
+    _synchronize(device)
     return image.float(), time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("qwen-image", "flux1-dev"), default="qwen-image")
     parser.add_argument("--steps", type=int, default=28)
@@ -107,12 +125,18 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2, help="timed images per mode (after the warm-up)")
     parser.add_argument("--modes", default="eager,regional,kopt")
     parser.add_argument("--fp8", action="store_true", help="kopt with fp8=True (an extra mode, kopt-fp8)")
-    args = parser.parse_args()
-    out = Path(os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "results")
+    parser.add_argument("--tiny", action="store_true", help="every component tiny (a plumbing check)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default=None, help="results folder (default: $OUT, else benchmarks/results)")
+    args = parser.parse_args(argv)
+    out = Path(args.out or os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "results")
     out.mkdir(parents=True, exist_ok=True)
-    build = qwen_image_pipeline if args.model == "qwen-image" else flux_pipeline
     torch.manual_seed(0)
-    pipe, arguments = build("cuda", torch.bfloat16)
+    if args.tiny:
+        pipe, arguments = tiny_pipeline(args.model, args.device, torch.bfloat16)
+    else:
+        build = qwen_image_pipeline if args.model == "qwen-image" else flux_pipeline
+        pipe, arguments = build(args.device, torch.bfloat16)
     modes = args.modes.split(",") + (["kopt-fp8"] if args.fp8 else [])
     rows, reference = [], None
     for mode in modes:
@@ -141,9 +165,11 @@ def main() -> None:
                 module._compiled_call_impl = None
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result = dict(model=args.model, steps=args.steps, size=args.size, gpu=torch.cuda.get_device_name(),
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    result = dict(model=args.model, steps=args.steps, size=args.size, gpu=device_name, tiny=args.tiny,
                   torch=torch.__version__, kopt=kopt.__version__, rows=rows)
-    (out / f"pipeline-{args.model}.json").write_text(json.dumps(result, indent=1))
+    stem = f"pipeline-{args.model}" + ("-tiny" if args.tiny else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# {args.model} pipeline, {args.size}x{args.size}, {args.steps} steps, {result['gpu']}", "",
              "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls |",
              "|---|---:|---:|---:|---:|"]
@@ -151,7 +177,7 @@ def main() -> None:
         memo = (f"{row['memo_hits']} / {row['memo_hits'] + row['memo_misses']}" if "memo_hits" in row else "–")
         lines.append(f"| {row['mode']} | {row['seconds_per_image']:.2f} | {row['warmup_seconds']:.1f} | "
                      f"{row['rel_err_vs_eager']:.4f} | {memo} |")
-    (out / f"pipeline-{args.model}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
