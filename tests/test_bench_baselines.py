@@ -81,3 +81,19 @@ def test_setup_is_unchanged_by_the_replay_variant_on_cpu() -> None:
 
     prepared = _replayed(Prepared(lambda **kw: kw), Setup("tiny", torch.device("cpu"), torch.float32))
     assert prepared.replay is not None and prepared.replay() == "not replayed: CPU"
+
+
+def test_the_summary_carries_cold_and_warm_compile_time_and_peak_memory_against_eager() -> None:
+    from benchmarks.dit.summary import summary_table
+
+    rows = [dict(_row("eager", 170.0), peak_mem_gb=24.0),
+            dict(_row("torch.compile+graphs", 130.0, "replayed"), compile_s=10.0, warm_compile_s=4.0, peak_mem_gb=24.5),
+            dict(_row("kopt", 120.0, "replayed"), compile_s=60.0, warm_compile_s=30.0, peak_mem_gb=26.4),
+            dict(_row("kopt", 240.0, "replayed", call="cfg-pair"), compile_s=0.0, peak_mem_gb=26.0)]
+    forward, pair = summary_rows({"rows": rows, "breakdown": []})
+    assert (forward["kopt_compile_s"], forward["kopt_warm_compile_s"]) == (60.0, 30.0)
+    assert (forward["baseline_compile_s"], forward["baseline_warm_compile_s"]) == (10.0, 4.0)
+    assert forward["peak_vs_eager"] == pytest.approx(1.1)
+    table = summary_table({"rows": rows, "breakdown": []})
+    assert "| 60.0 (30.0) | 10.0 (4.0) | 1.10× |" in table
+    assert pair["call"] == "cfg-pair" and "| – | – | – |" in table.splitlines()[-1]

@@ -348,3 +348,11 @@ def test_pipeline_benchmark_runs_a_real_flux_pipeline_eager_and_kopt(tmp_path):
     assert compiled["memo_misses"] >= 2  # the warm-up image's two timesteps
     assert compiled["memo_hits"] + compiled["memo_misses"] >= 2 * 2  # warm-up and timed image, 2 steps each
     assert "| kopt |" in (tmp_path / "pipeline-flux1-dev-tiny.md").read_text()
+
+
+def test_warm_compile_runs_the_variant_again_in_a_fresh_process():
+    from benchmarks.dit.warm_compile import in_fresh_process
+
+    result = in_fresh_process("flux1", "kopt-eager", "tiny", "cpu", "fp32", timeout_s=240)
+    assert "error" not in result, result
+    assert result["variant"] == "kopt-eager" and result["compile_s"] > 0 and result["median_ms"] > 0

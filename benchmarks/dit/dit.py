@@ -54,6 +54,7 @@ from benchmarks.dit.measure import (
     synchronize,
 )
 from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, select
+from benchmarks.dit.warm_compile import NOT_COMPILED, in_fresh_process
 from kopt.kernels import _autotune
 from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
@@ -113,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None,
                         help="results folder (default: $OUT if set, else benchmarks/results)")
     parser.add_argument("--tag", default=None, help="suffix for the output file names")
+    parser.add_argument("--warm-compile", action="store_true",
+                        help="after each compiled variant, compile it again in a fresh process (warm caches) "
+                             "and record that time as the forward row's warm_compile_s")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.size = args.size or ("full" if args.device == "cuda" else "tiny")
@@ -127,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
     return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
-                first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
+                warm_compile_s=None, first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
                 rel_err_vs_eager=None, cosine_vs_eager=None, launches=None, replay=None, notes=[])
 
 
@@ -260,6 +264,26 @@ def run_variant(run: Run, state: ModelState, variant: Variant) -> None:
     run.log(f"  freed {variant.name}; allocated now {allocated_gb(run.device)} GB")
 
 
+def measure_warm_compile(run: Run, name: str, variant: Variant) -> None:
+    """The variant compiled again in a fresh process (:mod:`benchmarks.dit.warm_compile`): its compile
+    time with the disk caches this run filled goes into the forward row as ``warm_compile_s``."""
+    forward = next((r for r in run.results["rows"] if r["model"] == name and r["variant"] == variant.name
+                    and r["call"] == "forward"), None)
+    if variant.name in NOT_COMPILED or forward is None or forward["status"] != "ok":
+        return
+    left = run.args.budget_s - run.log.elapsed()
+    if left < 60:
+        forward["notes"].append("warm compile not measured: budget")
+        return
+    result = in_fresh_process(name, variant.name, run.setup.size, str(run.device), run.args.dtype, timeout_s=left)
+    if "error" in result:
+        forward["notes"].append(f"warm compile failed: {result['error']}")
+        run.log(f"  {name} {variant.name} warm compile failed: {result['error']}")
+        return
+    forward["warm_compile_s"] = result["compile_s"]
+    run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s")
+
+
 def over_budget(run: Run, variant: Variant) -> str | None:
     """Why ``variant`` is skipped (None to run it): elapsed + its full-size estimate > --budget-s."""
     estimate = variant.estimate_full_s if run.setup.size == "full" else 0.0
@@ -331,6 +355,8 @@ def run_model(run: Run, name: str) -> None:
             continue
         run.log(f"{name} {variant.name}: {variant.description}")
         run_variant(run, state, variant)
+        if run.args.warm_compile:
+            measure_warm_compile(run, name, variant)
         run.save()
     eager = next((b for b in run.results["breakdown"] if b["model"] == name and b["variant"] == "eager"), None)
     attention_ms = eager["ms"]["attention"] if eager and run.device.type == "cuda" else None

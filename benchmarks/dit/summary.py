@@ -72,17 +72,47 @@ def summary_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         out.append({"model": row["model"], "variant": row["variant"], "call": row["call"],
                     "kopt_ms": row["median_ms"], "baseline": base and base["variant"],
                     "baseline_ms": base and base["ms"], "baseline_how": base and base["how"],
-                    "gain_pct": None if gain is None else round(gain, 2)})
+                    "gain_pct": None if gain is None else round(gain, 2),
+                    **_compile_and_memory(results["rows"], row, base and base["variant"])})
     return out
+
+
+def _forward(rows: Sequence[Mapping[str, Any]], model: str, variant: str | None) -> Mapping[str, Any]:
+    """That variant's forward row (the one whose first call compiled), or an empty mapping."""
+    return next((r for r in rows if (r["model"], r["variant"], r["call"]) == (model, variant, "forward")), {})
+
+
+def _compile_and_memory(rows: Sequence[Mapping[str, Any]], row: Mapping[str, Any],
+                        baseline: str | None) -> dict[str, Any]:
+    """Cold and warm compile seconds of kopt and of the baseline, and peak memory against eager's."""
+    mine, theirs = _forward(rows, row["model"], row["variant"]), _forward(rows, row["model"], baseline)
+    eager = _forward(rows, row["model"], "eager")
+    peak, eager_peak = row.get("peak_mem_gb"), eager.get("peak_mem_gb")
+    return {"kopt_compile_s": mine.get("compile_s"), "kopt_warm_compile_s": mine.get("warm_compile_s"),
+            "baseline_compile_s": theirs.get("compile_s"), "baseline_warm_compile_s": theirs.get("warm_compile_s"),
+            "peak_gb": peak, "peak_vs_eager": peak / eager_peak if peak and eager_peak else None}
 
 
 def summary_table(results: Mapping[str, Any]) -> str:
     """Markdown: kopt against the best baseline of its precision."""
-    lines = ["| model | kopt variant | call | kopt ms | best baseline | baseline ms | kopt faster by | how |",
-             "|---|---|---|---:|---|---:|---:|---|"]
+    lines = ["| model | kopt variant | call | kopt ms | best baseline | baseline ms | kopt faster by "
+             "| compile s kopt (warm) | compile s baseline (warm) | peak vs eager | how |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in summary_rows(results):
         gain = "–" if r["gain_pct"] is None else f"{r['gain_pct']:+.1f} %"
         base_ms = "–" if r["baseline_ms"] is None else f"{r['baseline_ms']:.2f}"
+        first = r["call"] == "forward"  # compile time and peak memory: once per variant
+        peak = f"{r['peak_vs_eager']:.2f}×" if first and r["peak_vs_eager"] else "–"
         lines.append(f"| {r['model']} | {r['variant']} | {r['call']} | {r['kopt_ms']:.2f} | {r['baseline'] or '–'} "
-                     f"| {base_ms} | {gain} | {r['baseline_how'] or 'no baseline of this precision ran'} |")
+                     f"| {base_ms} | {gain} "
+                     f"| {_seconds(r['kopt_compile_s'], r['kopt_warm_compile_s']) if first else '–'} "
+                     f"| {_seconds(r['baseline_compile_s'], r['baseline_warm_compile_s']) if first else '–'} "
+                     f"| {peak} | {r['baseline_how'] or 'no baseline of this precision ran'} |")
     return "\n".join(lines)
+
+
+def _seconds(cold: float | None, warm: float | None) -> str:
+    """``cold (warm)`` in seconds, ``–`` where not measured."""
+    if cold is None:
+        return "–"
+    return f"{cold:.1f} ({warm:.1f})" if warm is not None else f"{cold:.1f} (–)"

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Warm compile time: one variant compiled again in a fresh process, after a run has filled the caches.
+
+    python benchmarks/dit/warm_compile.py --model flux1 --variant kopt --size full
+
+What a second process with the same model and versions pays (a user's next session, a serving
+worker restarting): everything in memory is cold (dynamo, kopt's passes, imported kernels), and
+what is on disk is warm (Inductor's FX graph and autotune caches, Triton's kernel cache, kopt's
+launch-config cache), because the run that spawns this process compiled the same graphs before.
+
+Builds the workload's model with the benchmark's seed, prepares the variant as
+``benchmarks/dit/dit.py`` does, and times the first call against a normal call exactly like the
+cold row (:class:`benchmarks.dit.measure.Timing`). Prints one JSON line, last:
+``{"model", "variant", "compile_s", "first_call_s", "median_ms"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from benchmarks.dit.calls import stepping_forward  # noqa: E402
+from benchmarks.dit.measure import benchmark  # noqa: E402
+from benchmarks.dit.variants import Setup, select  # noqa: E402
+from kopt.workloads import get_workload  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Rows that compile nothing: their warm compile time is not a measurement.
+NOT_COMPILED = ("eager", "fp8-eager")
+
+
+def measure(model_name: str, variant_name: str, size: str, device: str, dtype: str) -> dict[str, Any]:
+    """Compile ``variant_name`` on ``model_name`` in this process; the first call's cost and a normal call's."""
+    (variant,) = select(variant_name, size, whole_model=False)
+    workload = get_workload(model_name)
+    torch.manual_seed(0)
+    model = workload.model(size, device=torch.device(device), dtype=DTYPES[dtype])
+    inputs = workload.inputs(size, device=torch.device(device), dtype=DTYPES[dtype], seed=0)
+    setup = Setup(size=size, device=torch.device(device), dtype=DTYPES[dtype])
+    with torch.no_grad():
+        prepared = variant.prepare(model, setup)
+        timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
+                              warmup=1, repeats=3)
+    return dict(model=model_name, variant=variant_name, compile_s=timing.compile_s,
+                first_call_s=timing.first_call_s, median_ms=timing.median_ms)
+
+
+def in_fresh_process(model_name: str, variant_name: str, size: str, device: str, dtype: str,
+                     timeout_s: float) -> dict[str, Any]:
+    """:func:`measure` in a child process; ``{"error": why}`` if it fails or runs past ``timeout_s``."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--model", model_name, "--variant", variant_name,
+               "--size", size, "--device", device, "--dtype", dtype]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {timeout_s:.0f} s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+        return {"error": f"exit {done.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--size", choices=["tiny", "full"], default="full")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.model, args.variant, args.size, args.device, args.dtype)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
