@@ -162,8 +162,10 @@ def render(report: Report, max_near_misses: int = 5) -> str:
             for check in graph.lowering_check.outputs:
                 lines.append(f"      output {check['output']}: {check['verdict']}")
         if graph.memo is not None:
+            bypassed = (f", {graph.memo.bypassed} calls computed without reading the keys (missed in a row)"
+                        if graph.memo.bypassed else "")
             lines.append(f"  step-invariant memo: {graph.memo.hits} hits, {graph.memo.misses} misses, "
-                         f"{graph.memo.evictions} evictions")
+                         f"{graph.memo.evictions} evictions{bypassed}")
         if graph.cuda_graphs is not None:
             lines.append(f"  {graph.cuda_graphs.describe()}")
         if graph.weights:

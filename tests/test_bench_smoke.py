@@ -346,7 +346,8 @@ def test_pipeline_benchmark_runs_a_real_flux_pipeline_eager_and_kopt(tmp_path):
     assert eager["seconds_per_image"] > 0 and compiled["seconds_per_image"] > 0
     assert compiled["rel_err_vs_eager"] < 0.05
     assert compiled["memo_misses"] >= 2  # the warm-up image's two timesteps
-    assert compiled["memo_hits"] + compiled["memo_misses"] >= 2 * 2  # warm-up and timed image, 2 steps each
+    calls = compiled["memo_hits"] + compiled["memo_misses"] + compiled["memo_bypassed"]
+    assert calls >= 2 * 2  # warm-up and timed image, 2 steps each
     assert "| kopt |" in (tmp_path / "pipeline-flux1-dev-tiny.md").read_text()
 
 

@@ -97,12 +97,13 @@ def test_memo_is_bounded_over_many_steps(compiled_flux2):
     with torch.no_grad():
         compiled(**inputs)  # (re)compiles: each test starts from a reset dynamo cache
         memo = compiled.kopt_report.graphs[-1].memo
-        misses, evictions = memo.misses, memo.evictions
+        misses, evictions, calls = memo.misses, memo.evictions, memo.calls
         for step in range(50):
             inputs["timestep"] = torch.full((1,), 1.0 - step / 50 - 1e-3)
             compiled(**inputs)
-    assert memo.misses - misses == 50 and memo.entries == 2
-    assert memo.evictions - evictions >= 48
+    assert memo.calls - calls == 50 and memo.entries == 2
+    assert memo.bypassed > 0  # a new timestep every call: the memo stops reading the keys
+    assert memo.evictions - evictions >= memo.misses - misses - 2
 
 
 def test_batch_whose_rows_share_a_timestep():
@@ -226,3 +227,51 @@ def test_report_counts_what_a_memo_hit_skips():
     BindingTimeStaging().apply(graph_module, ctx)
     flops = 2 * 256 * 1024 + 2 * 1024 * 512
     assert f"({flops / 1e6:,.1f} MFLOP of GEMMs reading 3.0 MiB of constants" in ctx.notes[-1]
+
+
+def _staged_toy(**options):
+    fn, graph_module = _traced_toy()
+    BindingTimeStaging().apply(graph_module, PassContext("staging"))
+    graph_module.recompile()
+    split = split_stages(graph_module, graph_module.meta[HOIST_KEY])
+    return fn, StagedProgram(split.invariant, split.main, split.key_positions, **options)
+
+
+def test_a_memo_that_keeps_missing_stops_reading_the_keys_then_probes_again():
+    """A new timestep every call (a guidance-distilled pipeline): after three misses in a row the
+    stage is computed without reading the keys for ``bypass_calls`` calls, with the same outputs."""
+    fn, program = _staged_toy(probe_misses=3, bypass_calls=4)
+    x = torch.randn(3, 16)
+    steps = [torch.randn(1, 4) for _ in range(9)]
+    for t in steps:
+        assert torch.equal(program(x, t), fn(x, t))
+    assert (program.stats.misses, program.stats.bypassed, program.stats.hits) == (5, 4, 0)
+    program(x, steps[-1])  # the probe after the bypass: the last memoized step hits again
+    assert program.stats.hits == 1
+
+
+def test_a_cfg_pattern_never_bypasses_the_memo():
+    """Each timestep twice (conditional, unconditional): every second call hits, so misses never
+    come three in a row and every pair shares one stage."""
+    fn, program = _staged_toy(probe_misses=3, bypass_calls=4)
+    x = torch.randn(3, 16)
+    for _ in range(10):
+        t = torch.randn(1, 4)
+        assert torch.equal(program(x, t), fn(x, t))
+        assert torch.equal(program(x, t.clone()), fn(x, t))
+    assert (program.stats.hits, program.stats.misses, program.stats.bypassed) == (10, 10, 0)
+
+
+def test_probe_misses_zero_keeps_the_memo_always_on():
+    _fn, program = _staged_toy(probe_misses=0)
+    x = torch.randn(3, 16)
+    for _ in range(6):
+        program(x, torch.randn(1, 4))
+    assert (program.stats.misses, program.stats.bypassed) == (6, 0)
+
+
+def test_value_key_reads_several_keys_in_one_copy():
+    a, b = torch.tensor([0.5]), torch.arange(6.0).reshape(2, 3)
+    key = value_key([a, 7, b.to(torch.bfloat16)])
+    assert key[1] == ("value", 7) and key[0][3] == a.numpy().tobytes()
+    assert key[2][3] == b.to(torch.bfloat16).view(torch.int16).numpy().tobytes()

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         if mode.startswith("kopt"):
             memo = pipe.kopt.memo
             graphs = len(pipe.kopt.reports["transformer"].graphs)
-            row.update(memo_hits=memo.hits, memo_misses=memo.misses, graphs=graphs,
+            row.update(memo_hits=memo.hits, memo_misses=memo.misses, memo_bypassed=memo.bypassed, graphs=graphs,
                        padded_calls=pipe.kopt.padded_calls)
             pipe.kopt.restore()
         elif mode == "regional":
@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
              "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls |",
              "|---|---:|---:|---:|---:|"]
     for row in rows:
-        memo = (f"{row['memo_hits']} / {row['memo_hits'] + row['memo_misses']}" if "memo_hits" in row else "–")
+        memo = (f"{row['memo_hits']} / {row['memo_hits'] + row['memo_misses'] + row['memo_bypassed']}"
+                if "memo_hits" in row else "–")
         lines.append(f"| {row['mode']} | {row['seconds_per_image']:.2f} | {row['warmup_seconds']:.1f} | "
                      f"{row['rel_err_vs_eager']:.4f} | {memo} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")

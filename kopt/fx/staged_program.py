@@ -11,8 +11,14 @@ would never hit; equal bytes mean equal values, so a hit returns exactly what a 
 would). Weights the stage reads as inputs are passed but not keyed (hashing them per call would
 read them all): whoever changes them calls :meth:`StagedProgram.clear` (the backend's weight
 guard does). The memo holds at most ``capacity`` entries, so a long denoising loop cannot grow it.
-Reading the key values copies a few bytes to the host, which waits for the GPU work queued
-before the call.
+
+Reading the key values copies a few bytes to the host (one copy for all of them), which waits for
+the GPU work queued before the call: the host cannot run ahead of the GPU into the next call. That
+pays when the memo hits (a CFG pair: two calls, one stage), not when every call brings a new
+timestep (a guidance-distilled pipeline such as FLUX.1-dev's). So after ``probe_misses`` misses in a
+row, the next ``bypass_calls`` calls compute the stage without reading the keys, exactly as a miss
+would; then the memo is probed again. A bypassed call computes what a miss computes from the same
+inputs and weights, so the outputs are the same either way.
 """
 
 from __future__ import annotations
@@ -89,14 +95,34 @@ def value_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
         if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
             parts.append((tuple(tensor.shape), tensor.dtype, "meta"))  # no values: shapes are all there is
         elif isinstance(tensor, torch.Tensor):
-            # a fresh dense copy: ``contiguous()`` keeps the zero stride of ``t.expand(1)`` (a size-1 dim
-            # counts as contiguous whatever its stride), which ``view(uint8)`` refuses
-            flat = tensor.detach().reshape(-1).clone(memory_format=torch.contiguous_format)
-            raw = flat.view(torch.uint8).cpu().numpy().tobytes()
-            parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, raw))
+            parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, _bytes_of(tensor)))
         else:
             parts.append(("value", tensor))
-    return tuple(parts)
+    return _read_to_host(parts)
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's values as a dense uint8 vector (still on its device). A fresh copy:
+    ``contiguous()`` keeps the zero stride of ``t.expand(1)`` (a size-1 dim counts as contiguous
+    whatever its stride), which ``view(uint8)`` refuses."""
+    return tensor.detach().reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8)
+
+
+def _read_to_host(parts: list[Any]) -> tuple[Any, ...]:
+    """``parts`` with each device byte vector replaced by its ``bytes``: one copy to the host per
+    device (each copy waits for the device), not one per key tensor."""
+    vectors = [p[-1] for p in parts if len(p) == 4]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for vector in vectors:
+        by_device.setdefault(vector.device, []).append(vector)
+    host: dict[int, bytes] = {}
+    for group in by_device.values():
+        joined = (torch.cat(group) if len(group) > 1 else group[0]).cpu().numpy().tobytes()
+        offset = 0
+        for vector in group:
+            host[id(vector)] = joined[offset:offset + vector.numel()]
+            offset += vector.numel()
+    return tuple((*p[:-1], host[id(p[-1])]) if len(p) == 4 else p for p in parts)
 
 
 @dataclasses.dataclass
@@ -105,30 +131,47 @@ class MemoStats:
     misses: int = 0
     evictions: int = 0
     entries: int = 0
+    bypassed: int = 0  # calls that computed the stage without reading the keys (see the module docstring)
+
+    @property
+    def calls(self) -> int:
+        return self.hits + self.misses + self.bypassed
 
 
 class StagedProgram:
     """``main(*inputs, *invariant(*key inputs))`` with ``invariant`` memoized on input values."""
 
     def __init__(self, invariant: Callable[..., Any], main: Callable[..., Any], key_positions: list[int],
-                 capacity: int = 2, stats: MemoStats | None = None, weight_positions: Sequence[int] = ()) -> None:
+                 capacity: int = 2, stats: MemoStats | None = None, weight_positions: Sequence[int] = (),
+                 probe_misses: int = 3, bypass_calls: int = 32) -> None:
         if capacity < 1:
             raise ValueError("the memo needs room for at least one entry")
         self.invariant, self.main, self.key_positions = invariant, main, key_positions
         self.value_positions = [i for i in key_positions if i not in set(weight_positions)]
         self.capacity = capacity
         self.stats = stats or MemoStats()
+        self.probe_misses, self.bypass_calls = probe_misses, bypass_calls  # probe_misses=0: never bypass
+        self._misses_in_row = 0
+        self._bypass_left = 0
         self._memo: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
 
     def hoisted_values(self, args: Sequence[Any]) -> tuple[Any, ...]:
         keys = [args[i] for i in self.key_positions]
+        if self._bypass_left > 0:
+            self._bypass_left -= 1
+            self.stats.bypassed += 1
+            return tuple(self.invariant(*keys))
         key = value_key([args[i] for i in self.value_positions])
         cached = self._memo.get(key)
         if cached is not None:
             self._memo.move_to_end(key)
             self.stats.hits += 1
+            self._misses_in_row = 0
             return cached
         self.stats.misses += 1
+        self._misses_in_row += 1
+        if self.probe_misses and self._misses_in_row >= self.probe_misses:
+            self._misses_in_row, self._bypass_left = 0, self.bypass_calls
         values = tuple(self.invariant(*keys))
         self._memo[key] = values
         while len(self._memo) > self.capacity:

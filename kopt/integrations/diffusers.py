@@ -116,6 +116,7 @@ class PipelineOptimization:
                     total.misses += graph.memo.misses
                     total.evictions += graph.memo.evictions
                     total.entries += graph.memo.entries
+                    total.bypassed += graph.memo.bypassed
         return total
 
     @property
