@@ -10,8 +10,11 @@ there are no kernels: each op's *self* CPU time is attributed to the category of
 
 from __future__ import annotations
 
+import gzip
+import shutil
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,11 +94,12 @@ def _cpu_op_events(prof: profile) -> list[tuple[str, float, bool]]:
 
 
 def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int = 3,
-                      top: int = 12) -> dict[str, Any]:
+                      top: int = 12, trace: Path | None = None) -> dict[str, Any]:
     """Profile ``forwards`` calls of ``fn`` (already warmed up) and summarise per forward.
 
     Returns ms per category, total kernel ms, launches per forward (CUDA only), and the ``top``
     kernels by time with their category, so a misclassified name is easy to spot in the JSON.
+    ``trace``: also write the profile as a gzipped Chrome trace there (open it in Perfetto).
     """
     on_cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
@@ -107,6 +111,8 @@ def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int
                 fn()
                 if on_cuda:
                     torch.cuda.synchronize(device)
+    if trace is not None:
+        _write_trace(prof, trace)
     events = _device_events(prof) if on_cuda else _cpu_op_events(prof)
     per_category: dict[str, float] = {c: 0.0 for c in CATEGORIES}
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -126,6 +132,16 @@ def profile_breakdown(fn: Callable[[], Any], device: torch.device, forwards: int
         "top": [{"name": name[:160], "category": classify(name), "ms": round(t * scale, 4),
                  "calls_per_forward": round(n / forwards, 2)} for name, (t, n) in ranked],
     }
+
+
+def _write_trace(prof: profile, path: Path) -> None:
+    """The profile as a gzipped Chrome trace at ``path`` (``.json.gz``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plain = path.with_suffix("")  # .json
+    prof.export_chrome_trace(str(plain))
+    with open(plain, "rb") as source, gzip.open(path, "wb") as target:
+        shutil.copyfileobj(source, target)
+    plain.unlink()
 
 
 def timeline(prof: profile) -> dict[str, float] | None:

@@ -114,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None,
                         help="results folder (default: $OUT if set, else benchmarks/results)")
     parser.add_argument("--tag", default=None, help="suffix for the output file names")
+    parser.add_argument("--trace", action="store_true",
+                        help="write each profiled forward as a gzipped Chrome trace (trace-<model>-<variant>-<call>.json.gz)")
     parser.add_argument("--warm-compile", action="store_true",
                         help="after each compiled variant, compile it again in a fresh process (warm caches) "
                              "and record that time as the forward row's warm_compile_s")
@@ -198,6 +200,13 @@ def _uses_staging(prepared: Prepared) -> bool:
     return report is not None and any(g.memo is not None for g in report.graphs)
 
 
+def _trace_path(run: Run, state: ModelState, variant: Variant, call: str) -> Path | None:
+    """Where ``--trace`` writes that row's profile (None without ``--trace``)."""
+    if not run.args.trace:
+        return None
+    return Path(run.args.out) / f"trace-{state.name}-{variant.name}-{call}.json.gz".replace("+", "_")
+
+
 def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Prepared,
                      rows: list[dict[str, Any]]) -> None:
     """Forward row, profiler breakdown, CFG-pair row, kopt report; appends rows as they finish."""
@@ -209,7 +218,7 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
     rows.append(forward)
     if run.args.profile_forwards > 0:
         breakdown = profile_breakdown(stepping_forward(state.workload, fn, state.inputs), run.device,
-                                      run.args.profile_forwards)
+                                      run.args.profile_forwards, trace=_trace_path(run, state, variant, "forward"))
         gap = forward["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
         run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward",
                                          "gap_ms": gap, **breakdown})
@@ -226,7 +235,8 @@ def _measure_variant(run: Run, state: ModelState, variant: Variant, prepared: Pr
                           repeating_forward(fn, state.inputs), state.reference, state.eager)
         hit["notes"] = list(prepared.notes) + ["same timestep every call: step-invariant memo hit"]
         if run.args.profile_forwards > 0:  # kernel time and launches of a hit: what the cache removes
-            breakdown = profile_breakdown(repeating_forward(fn, state.inputs), run.device, run.args.profile_forwards)
+            breakdown = profile_breakdown(repeating_forward(fn, state.inputs), run.device, run.args.profile_forwards,
+                                          trace=_trace_path(run, state, variant, "forward-memo-hit"))
             gap = hit["median_ms"] - breakdown["kernel_ms"] if run.device.type == "cuda" else None
             run.results["breakdown"].append({"model": state.name, "variant": variant.name, "call": "forward-memo-hit",
                                              "gap_ms": gap, **breakdown})

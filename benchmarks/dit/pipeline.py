@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kopt  # noqa: E402
+from benchmarks.dit.breakdown import profile_breakdown  # noqa: E402
 from tests.integrations.tiny_pipelines import byte_tokenizer, flow_match_scheduler  # noqa: E402
 
 FLUX1_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
@@ -126,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default="eager,regional,kopt")
     parser.add_argument("--fp8", action="store_true", help="kopt with fp8=True (an extra mode, kopt-fp8)")
     parser.add_argument("--tiny", action="store_true", help="every component tiny (a plumbing check)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="per mode, profile one image of this many steps: GPU kernel time against wall time "
+                             "and idle GPU time (0: off)")
+    parser.add_argument("--trace", action="store_true", help="with --profile-steps: also a gzipped Chrome trace")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=None, help="results folder (default: $OUT, else benchmarks/results)")
     args = parser.parse_args(argv)
@@ -154,6 +159,12 @@ def main(argv: list[str] | None = None) -> None:
         error = ((image - reference).norm() / reference.norm()).item()
         row = dict(mode=mode, seconds_per_image=min(times), all_seconds=times, warmup_seconds=warmup,
                    rel_err_vs_eager=error)
+        if args.profile_steps:
+            trace = out / f"trace-pipeline-{args.model}-{mode}.json.gz" if args.trace else None
+            profiled = profile_breakdown(lambda: generate(pipe, arguments, args.profile_steps, args.size, seed=99),
+                                         torch.device(args.device), forwards=1, trace=trace)
+            row["profile"] = dict(steps=args.profile_steps, kernel_ms=profiled["kernel_ms"],
+                                  launches=profiled["launches"], timeline=profiled["timeline"], ms=profiled["ms"])
         if mode.startswith("kopt"):
             memo = pipe.kopt.memo
             graphs = len(pipe.kopt.reports["transformer"].graphs)
@@ -171,13 +182,18 @@ def main(argv: list[str] | None = None) -> None:
     stem = f"pipeline-{args.model}" + ("-tiny" if args.tiny else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# {args.model} pipeline, {args.size}x{args.size}, {args.steps} steps, {result['gpu']}", "",
-             "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls |",
-             "|---|---:|---:|---:|---:|"]
+             "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls "
+             "| profiled image: kernel s / idle GPU s |",
+             "|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         memo = (f"{row['memo_hits']} / {row['memo_hits'] + row['memo_misses'] + row['memo_bypassed']}"
                 if "memo_hits" in row else "–")
+        profiled = row.get("profile") or {}
+        timeline = profiled.get("timeline")
+        gpu = (f"{profiled['kernel_ms'] / 1e3:.2f} / {timeline['idle_between_kernels'] / 1e3:.2f} "
+               f"({profiled['steps']} steps)" if timeline else "–")
         lines.append(f"| {row['mode']} | {row['seconds_per_image']:.2f} | {row['warmup_seconds']:.1f} | "
-                     f"{row['rel_err_vs_eager']:.4f} | {memo} |")
+                     f"{row['rel_err_vs_eager']:.4f} | {memo} | {gpu} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
