@@ -155,6 +155,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
                                     fp8=Fp8Config()),
     # FP8 linears and FP8 attention (kopt::fp8_attention: Q per row, K and V per key tile)
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
+    # what the per-call checksum of the bf16 weights behind the FP8 copies costs (they are not checksummed here)
+    "kopt-fp8-attn-version-check": dict(passes="auto", fp8=Fp8Config(attention=True), weight_check="version"),
     # the same with float32 accumulation in the FP8 GEMMs (the default is cuBLAS' fast accumulation)
     "kopt-fp8-f32-accum": dict(passes="auto", fp8=Fp8Config(fast_accum=False)),
     "kopt-fp8-attn-f32-accum": dict(passes="auto", fp8=Fp8Config(attention=True, fast_accum=False)),
