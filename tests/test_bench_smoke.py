@@ -357,3 +357,21 @@ def test_warm_compile_runs_the_variant_again_in_a_fresh_process():
     result = in_fresh_process("flux1", "kopt-eager", "tiny", "cpu", "fp32", timeout_s=240)
     assert "error" not in result, result
     assert result["variant"] == "kopt-eager" and result["compile_s"] > 0 and result["median_ms"] > 0
+
+
+def test_trace_gaps_attributes_gpu_idle_to_the_host_work_beside_it():
+    from benchmarks.tools.trace_gaps import gaps
+
+    def event(cat, name, ts, dur, tid=1):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "ph": "X"}
+
+    events = [event("user_annotation", "kopt_breakdown_forward_0", 0.0, 1000.0),
+              event("cpu_op", "aten::copy_", 5.0, 30.0), event("cpu_op", "aten::_to_copy", 10.0, 5.0),
+              event("kernel", "first", 40.0, 100.0, tid=7), event("cpu_op", "cudaStreamSynchronize", 150.0, 300.0),
+              event("kernel", "after_sync", 500.0, 100.0, tid=7), event("kernel", "close", 605.0, 10.0, tid=7)]
+    result = gaps(events, min_us=20.0)
+    assert result["host_before_first_kernel_us"] == 40.0
+    (gap,) = result["gaps"]  # 140 -> 500; the 5 us gap before "close" is below the threshold
+    assert gap["idle_us"] == 360.0 and gap["next_kernel"] == "after_sync"
+    assert gap["host"] == [("cudaStreamSynchronize", 300.0)]
+    assert result["idle_by_host_op_us"] == {"cudaStreamSynchronize": 360.0}
