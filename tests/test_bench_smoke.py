@@ -375,3 +375,13 @@ def test_trace_gaps_attributes_gpu_idle_to_the_host_work_beside_it():
     assert gap["idle_us"] == 360.0 and gap["next_kernel"] == "after_sync"
     assert gap["host"] == [("cudaStreamSynchronize", 300.0)]
     assert result["idle_by_host_op_us"] == {"cudaStreamSynchronize": 360.0}
+
+
+def test_host_profile_prints_the_call_path_by_cumulative_time(tmp_path, monkeypatch, capsys):
+    from benchmarks.tools.host_profile import main
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    main(["--model", "flux1", "--variant", "kopt-eager", "--size", "tiny", "--device", "cpu", "--calls", "2"])
+    report = (tmp_path / "host-profile-flux1-kopt-eager.txt").read_text()
+    assert "2 synchronised calls" in report and "compiled_graph.py" in report
+    assert "ms per call" in capsys.readouterr().out
