@@ -33,7 +33,7 @@ from kopt.fx.aliasing import writes_in_place
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
 from kopt.fx.roles import InputRole, classify_inputs
-from kopt.fx.staged_program import MemoStats, StagedProgram, split_stages
+from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, split_stages
 from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.fx.weights import WeightBinding, bind_weights
 from kopt.lower import lower
@@ -177,10 +177,14 @@ class CompiledGraph:
         log.info("graph %d: lowering the step-invariant stage", self.report.index)
         invariant = self._lower(split.invariant, keys, lowering)
         log.info("graph %d: lowering the per-call stage", self.report.index)
-        main = self._replayed(self._lower(split.main, user_args + hoisted, lowering), user_args + hoisted, static)
+        lowered_main = self._lower(split.main, user_args + hoisted, lowering)
+        main = self._replayed(lowered_main, user_args + hoisted, static)
+        # the memo's bypass runs both stages as one program: one recording, no launches in between
+        both = self._replayed(BothStages(invariant, lowered_main, split.key_positions), user_args, static,
+                              share_with=main)
         self.report.memo = MemoStats()
         self.staged = StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo,
-                                    weight_positions=split.weight_positions)
+                                    weight_positions=split.weight_positions, both=both)
         return self.staged
 
     def _lower(self, graph_module: torch.fx.GraphModule, inputs: list[Any], lowering: Lowering) -> Callable[..., Any]:
@@ -188,14 +192,18 @@ class CompiledGraph:
         return lower(graph_module, lowering_examples(graph_module, inputs), lowering,
                      self.backend.options.inductor_options)
 
-    def _replayed(self, lowered: Callable[..., Any], inputs: list[Any], static: Sequence[int]) -> Callable[..., Any]:
+    def _replayed(self, lowered: Callable[..., Any], inputs: list[Any], static: Sequence[int],
+                  share_with: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """``lowered`` behind a :class:`CudaGraphRunner` when the options ask for it and the inputs
         are on a GPU (the per-step stage only: the step-invariant one runs once per timestep);
-        ``static``: the weights among ``inputs``, replayed from their own storage."""
+        ``static``: the weights among ``inputs``, replayed from their own storage; ``share_with``:
+        a runner of the same graph whose counters and memory pool this one shares."""
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
         if not (self.backend.options.use_cuda_graphs and on_gpu):
             return lowered
-        runner = CudaGraphRunner(lowered, static_inputs=static)
+        if isinstance(share_with, CudaGraphRunner):
+            return CudaGraphRunner(lowered, static_inputs=static, stats=share_with.stats, pool=share_with.pool)
+        runner = CudaGraphRunner(lowered, static_inputs=static, pool=torch.cuda.graph_pool_handle())
         self.report.cuda_graphs = runner.stats
         return runner
 

@@ -87,13 +87,24 @@ class CudaGraphRunner:
     """``fn(*args)`` replayed from a CUDA graph per input signature (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], *, warmup: int = 1, max_graphs: int = 4,
-                 clone_outputs: bool = True, static_inputs: Sequence[int] = ()) -> None:
+                 clone_outputs: bool = True, static_inputs: Sequence[int] = (),
+                 stats: CudaGraphStats | None = None, pool: Any = None) -> None:
+        """``stats`` and ``pool`` may be shared with other runners of one compiled graph: counters
+        summed, and one memory pool for all their recordings (safe as long as they never replay
+        concurrently, since each replay's outputs are copied out before the next one runs)."""
         self.fn, self.warmup, self.max_graphs, self.clone_outputs = fn, warmup, max_graphs, clone_outputs
         self.static_inputs = frozenset(static_inputs)
         self._graphs: dict[tuple[Any, ...], _Recorded] = {}
         self._calls: dict[tuple[Any, ...], int] = {}
-        self._pool: Any = None
-        self.stats = CudaGraphStats()
+        self._pool: Any = pool
+        self.stats = stats if stats is not None else CudaGraphStats()
+
+    @property
+    def pool(self) -> Any:
+        """The memory pool this runner records into (created on first use unless one was given)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def __call__(self, *args: Any) -> Any:
         if self.stats.disabled is not None:
@@ -122,7 +133,7 @@ class CudaGraphRunner:
                 self.stats.plain_calls += 1
                 return self.fn(*args)
             self._graphs[signature] = recorded
-            self.stats.recorded = len(self._graphs)
+            self.stats.recorded += 1
         targets, sources = [], []
         for index in recorded.copied:
             static, arg = recorded.inputs[index], args[index]
@@ -152,9 +163,7 @@ class CudaGraphRunner:
             self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self.pool):
             outputs = self.fn(*inputs)
         copied = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and i not in self.static_inputs]
         return _Recorded(graph, inputs, outputs, copied)

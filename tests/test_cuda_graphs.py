@@ -128,3 +128,22 @@ def test_replays_read_weights_where_they_are_and_follow_any_write_to_them():
         for _ in range(3):  # warm-up, record, replay
             assert rel_err(compiled(x), model(x)) < 1e-5
         assert stats.replays > replays and stats.recorded == 2  # the new address: a signature of its own
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_bypassing_memo_replays_both_stages_from_one_graph(tiny_dit):
+    """A new timestep every call: after the memo's probing misses, the two stages replay as one
+    recording (sharing the per-call stage's memory pool and counters), with the plain outputs."""
+    workload, model, _ = tiny_dit
+    model = model.cuda()
+    graphed = kopt.compile(model)
+    plain = kopt.compile(model, cuda_graphs=False)
+    with torch.no_grad():
+        for seed in range(1, 10):
+            inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v
+                      for k, v in workload.inputs("tiny", seed=seed).items()}
+            assert rel_err(graphed(**inputs)[0], plain(**inputs)[0]) < 1e-4
+    staged = [g for g in graphed.kopt_report.graphs if g.memo is not None]
+    assert staged and all(g.memo.bypassed >= 3 for g in staged)
+    assert all(g.cuda_graphs.disabled is None and g.cuda_graphs.recorded >= 2 for g in staged)

@@ -11,7 +11,7 @@ import kopt
 from kopt.config import Role
 from kopt.fx.binding_time import binding_times
 from kopt.fx.capture import trace_function
-from kopt.fx.staged_program import StagedProgram, split_stages, value_key
+from kopt.fx.staged_program import BothStages, StagedProgram, split_stages, value_key
 from kopt.passes.base import PassContext
 from kopt.passes.graph.staging import HOIST_KEY, BindingTimeStaging
 from kopt.passes.pipeline import default_pipeline
@@ -260,6 +260,23 @@ def test_a_cfg_pattern_never_bypasses_the_memo():
         assert torch.equal(program(x, t), fn(x, t))
         assert torch.equal(program(x, t.clone()), fn(x, t))
     assert (program.stats.hits, program.stats.misses, program.stats.bypassed) == (10, 10, 0)
+
+
+def test_a_bypassed_call_runs_both_stages_as_one_program_when_given():
+    """With ``both`` (what kopt replays from one CUDA graph on a GPU) the bypass calls it, and only it."""
+    fn, graph_module = _traced_toy()
+    BindingTimeStaging().apply(graph_module, PassContext("staging"))
+    graph_module.recompile()
+    split = split_stages(graph_module, graph_module.meta[HOIST_KEY])
+    calls = []
+    both = BothStages(split.invariant, split.main, split.key_positions)
+    program = StagedProgram(split.invariant, split.main, split.key_positions, probe_misses=2, bypass_calls=3,
+                            both=lambda *args: calls.append(1) or both(*args))
+    x = torch.randn(3, 16)
+    for _ in range(5):
+        t = torch.randn(1, 4)
+        assert torch.equal(program(x, t), fn(x, t))
+    assert len(calls) == program.stats.bypassed == 3 and program.stats.misses == 2
 
 
 def test_probe_misses_zero_keeps_the_memo_always_on():

@@ -18,7 +18,8 @@ pays when the memo hits (a CFG pair: two calls, one stage), not when every call 
 timestep (a guidance-distilled pipeline such as FLUX.1-dev's). So after ``probe_misses`` misses in a
 row, the next ``bypass_calls`` calls compute the stage without reading the keys, exactly as a miss
 would; then the memo is probed again. A bypassed call computes what a miss computes from the same
-inputs and weights, so the outputs are the same either way.
+inputs and weights, so the outputs are the same either way. Given ``both`` (:class:`BothStages`,
+replayed from one CUDA graph on a GPU), a bypassed call runs the two stages as that one program.
 """
 
 from __future__ import annotations
@@ -125,6 +126,16 @@ def _read_to_host(parts: list[Any]) -> tuple[Any, ...]:
     return tuple((*p[:-1], host[id(p[-1])]) if len(p) == 4 else p for p in parts)
 
 
+class BothStages:
+    """``main(*inputs, *invariant(*key inputs))``: the two stages as one program (the memo's bypass)."""
+
+    def __init__(self, invariant: Callable[..., Any], main: Callable[..., Any], key_positions: Sequence[int]) -> None:
+        self.invariant, self.main, self.key_positions = invariant, main, list(key_positions)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.main(*args, *self.invariant(*[args[i] for i in self.key_positions]))
+
+
 @dataclasses.dataclass
 class MemoStats:
     hits: int = 0
@@ -143,7 +154,7 @@ class StagedProgram:
 
     def __init__(self, invariant: Callable[..., Any], main: Callable[..., Any], key_positions: list[int],
                  capacity: int = 2, stats: MemoStats | None = None, weight_positions: Sequence[int] = (),
-                 probe_misses: int = 3, bypass_calls: int = 32) -> None:
+                 probe_misses: int = 3, bypass_calls: int = 32, both: Callable[..., Any] | None = None) -> None:
         if capacity < 1:
             raise ValueError("the memo needs room for at least one entry")
         self.invariant, self.main, self.key_positions = invariant, main, key_positions
@@ -151,6 +162,7 @@ class StagedProgram:
         self.capacity = capacity
         self.stats = stats or MemoStats()
         self.probe_misses, self.bypass_calls = probe_misses, bypass_calls  # probe_misses=0: never bypass
+        self.both = both
         self._misses_in_row = 0
         self._bypass_left = 0
         self._memo: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
@@ -186,6 +198,10 @@ class StagedProgram:
         self.stats.entries = 0
 
     def __call__(self, *args: Any) -> Any:
+        if self._bypass_left > 0 and self.both is not None:
+            self._bypass_left -= 1
+            self.stats.bypassed += 1
+            return self.both(*args)
         return self.main(*args, *self.hoisted_values(args))
 
     def __len__(self) -> int:
