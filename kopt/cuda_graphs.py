@@ -22,8 +22,9 @@ new values copied in computes what calling it would. What could go wrong, and ho
 * a new signature records a new graph, up to ``max_graphs``; beyond that, or for inputs that are
   not all CUDA tensors, or with autograd recording, the callable runs normally (and says why in
   :attr:`CudaGraphStats.skipped`);
-* a recording that fails (an op that cannot be captured) disables graphs for the runner, runs
-  normally, and the reason is kept in :attr:`CudaGraphStats.disabled`.
+* a recording that fails (an op that cannot be captured), or whose first replay does not compute
+  what the plain call computed on the same inputs (:func:`replay_mismatch`), disables graphs for
+  the runner, runs normally, and the reason is kept in :attr:`CudaGraphStats.disabled`.
 
 The counters live in a :class:`CudaGraphStats` that the compile report holds and prints.
 """
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 
 def _signature(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> tuple[Any, ...] | str:
@@ -160,10 +161,45 @@ class CudaGraphRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # one more warm-up, on a side stream as capture requires
-            self.fn(*inputs)
+            expected = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             outputs = self.fn(*inputs)
+        graph.replay()  # the recording computes what the plain call did, or it is not used
+        mismatch = replay_mismatch(outputs, expected)
+        if mismatch is not None:
+            raise RuntimeError(f"the first replay differs from the plain call: {mismatch}")
         copied = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and i not in self.static_inputs]
         return _Recorded(graph, inputs, outputs, copied)
+
+
+def replay_mismatch(replayed: Any, expected: Any, rtol: float = 1e-3) -> str | None:
+    """Why a replay's outputs are not the plain call's (None when they are): the same structure,
+    shapes, dtypes and NaN/Inf positions, floating values within ``rtol`` relative error (the same
+    kernels on the same inputs; the margin admits kernels whose reduction order varies run to
+    run), everything else equal."""
+    got, got_spec = tree_flatten(replayed)
+    want, want_spec = tree_flatten(expected)
+    if got_spec != want_spec:
+        return "the outputs have a different structure"
+    for index, (a, b) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            if a != b:
+                return f"output {index} is {a!r}, not {b!r}"
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {index} is {a.dtype} {tuple(a.shape)}, not {b.dtype} {tuple(b.shape)}"
+        if not (a.is_floating_point() or a.is_complex()):
+            if not torch.equal(a, b):
+                return f"output {index} differs"
+            continue
+        finite = torch.isfinite(b)
+        if not torch.equal(torch.isfinite(a), finite) or not torch.equal(torch.isnan(a), torch.isnan(b)):
+            return f"output {index} has NaN/Inf where the plain call has none, or the reverse"
+        a64, b64 = a[finite].to(torch.complex128 if a.is_complex() else torch.float64), b[finite].to(
+            torch.complex128 if b.is_complex() else torch.float64)
+        error, scale = (a64 - b64).abs().norm().item(), b64.abs().norm().item()
+        if error > rtol * scale + 1e-30:
+            return f"output {index}: relative error {error / max(scale, 1e-30):.2e} > {rtol:g}"
+    return None

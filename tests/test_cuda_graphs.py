@@ -147,3 +147,22 @@ def test_a_bypassing_memo_replays_both_stages_from_one_graph(tiny_dit):
     staged = [g for g in graphed.kopt_report.graphs if g.memo is not None]
     assert staged and all(g.memo.bypassed >= 3 for g in staged)
     assert all(g.cuda_graphs.disabled is None and g.cuda_graphs.recorded >= 2 for g in staged)
+
+
+def test_a_replay_must_compute_what_the_plain_call_computed():
+    """:func:`replay_mismatch`, the check a recording passes before it is used (same structure,
+    shapes, dtypes, NaN/Inf positions; floating values within 1e-3 relative error)."""
+    from kopt.cuda_graphs import replay_mismatch
+
+    x = torch.randn(64, 32)
+    plain = (x, torch.arange(4), None)
+    assert replay_mismatch((x.clone(), torch.arange(4), None), plain) is None
+    assert replay_mismatch((x * (1 + 1e-5), torch.arange(4), None), plain) is None  # reduction order
+    assert "relative error" in replay_mismatch((x * 1.01, torch.arange(4), None), plain)
+    assert "differs" in replay_mismatch((x, torch.arange(4) + 1, None), plain)
+    assert "structure" in replay_mismatch((x, torch.arange(4)), plain)
+    assert "bfloat16" in replay_mismatch((x.bfloat16(), torch.arange(4), None), plain)
+    stale = x.clone()
+    stale[3, 5] = float("nan")
+    assert "NaN" in replay_mismatch((stale, torch.arange(4), None), plain)
+    assert "relative error" in replay_mismatch((torch.zeros_like(x), torch.arange(4), None), plain)
