@@ -78,3 +78,58 @@ def test_fused_op_survives_inductor():
         assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < 1e-5
     assert compiled.kopt_report.matches("fuse-adaln") == 6
     assert compiled.kopt_report.graphs[0].lowering == "inductor"
+
+
+def _rms_adaln(norm):
+    def fn(x, scale, shift):
+        return norm(x) * (1 + scale[:, None]) + shift[:, None]
+    return fn
+
+
+def _float64_rms_adaln(x, scale, shift, eps=1e-6):
+    x64 = x.double()
+    normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return normed * (1 + scale.double()[:, None]) + shift.double()[:, None]
+
+
+def test_the_rmsnorm_form_is_one_op_in_each_spelling_and_keeps_the_contract():
+    """LTX-Video's blocks modulate an RMSNorm without weight: diffusers' spelling (float32 statistics,
+    a cast back) and ``torch.nn.RMSNorm``'s both become ``adaln_modulation(..., rms=True)``, in
+    float32 and bfloat16, within a bfloat16 ulp of a float64 reference."""
+    from diffusers.models.normalization import RMSNorm
+
+    spellings = {"diffusers": RMSNorm(64, eps=1e-6, elementwise_affine=False),
+                 "torch": torch.nn.RMSNorm(64, eps=1e-6, elementwise_affine=False)}
+    for name, norm in spellings.items():
+        for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            x, scale, shift = (torch.randn(2, 7, 64, dtype=dtype) * 3, torch.randn(2, 64, dtype=dtype),
+                               torch.randn(2, 64, dtype=dtype))
+            graph_module = trace_function(_rms_adaln(norm), x, scale, shift)
+            (record,) = run_passes(graph_module, [FuseAdaLN()], strict=True)
+            assert record.matches == {"adaln-modulation-rms": 1}, (name, dtype, record.near_misses)
+            ops = [n.target for n in graph_module.graph.nodes if n.op == "call_function"]
+            assert torch.ops.aten.rsqrt.default not in ops, name
+            fresh = torch.randn(2, 7, 64, dtype=dtype), torch.randn(2, 64, dtype=dtype), torch.randn(2, 64, dtype=dtype)
+            got = graph_module(*fresh)
+            assert got.dtype == dtype
+            assert rel_err(got, _float64_rms_adaln(*fresh)) < bound, (name, dtype)
+
+
+def test_the_rmsnorm_form_declines_a_weight_and_a_normalized_value_read_twice():
+    from diffusers.models.normalization import RMSNorm
+
+    weighted = RMSNorm(64, eps=1e-6, elementwise_affine=True)
+    with torch.no_grad():
+        weighted.weight.normal_()
+    plain = RMSNorm(64, eps=1e-6, elementwise_affine=False)
+
+    def read_twice(x, scale, shift):
+        y = plain(x)
+        return y * (1 + scale[:, None]) + shift[:, None], y.sum()
+
+    args = torch.randn(2, 7, 64), torch.randn(2, 64), torch.randn(2, 64)
+    for fn, reason in ((_rms_adaln(weighted), "has a weight"), (read_twice, "read elsewhere")):
+        graph_module = trace_function(fn, *args)
+        (record,) = run_passes(graph_module, [FuseAdaLN()], strict=True)
+        assert record.total_matches == 0
+        assert any(reason in m.reason for m in record.near_misses), record.near_misses
