@@ -44,6 +44,7 @@ from benchmarks.dit.calls import repeating_forward, stepping_cfg_pair, stepping_
 from benchmarks.dit.log import Log
 from benchmarks.dit.ceilings import count_flops, floors, measure_ceilings
 from benchmarks.dit.measure import (
+    DTYPES,
     allocated_gb,
     benchmark,
     compare,
@@ -59,7 +60,6 @@ from kopt.kernels import _autotune
 from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclasses.dataclass

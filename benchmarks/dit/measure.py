@@ -18,6 +18,10 @@ from typing import Any
 import torch
 
 
+# the dtypes a benchmark's --dtype names
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work (a no-op on the CPU)."""
     if device.type == "cuda":

@@ -29,11 +29,10 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from benchmarks.dit.calls import stepping_forward  # noqa: E402
-from benchmarks.dit.measure import benchmark  # noqa: E402
+from benchmarks.dit.measure import DTYPES, benchmark  # noqa: E402
 from benchmarks.dit.variants import Setup, select  # noqa: E402
 from kopt.workloads import get_workload  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Rows that compile nothing: their warm compile time is not a measurement.
 NOT_COMPILED = ("eager", "fp8-eager")
 

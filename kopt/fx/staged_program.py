@@ -18,8 +18,8 @@ pays when the memo hits (a CFG pair: two calls, one stage), not when every call 
 timestep (a guidance-distilled pipeline such as FLUX.1-dev's). So after ``probe_misses`` misses in a
 row, the next ``bypass_calls`` calls compute the stage without reading the keys, exactly as a miss
 would; then the memo is probed again. A bypassed call computes what a miss computes from the same
-inputs and weights, so the outputs are the same either way. Given ``both`` (:class:`BothStages`,
-replayed from one CUDA graph on a GPU), a bypassed call runs the two stages as that one program.
+inputs and weights, so the outputs are the same either way. It runs ``both`` (by default
+:class:`BothStages` of the two; kopt passes the same program replayed from one CUDA graph on a GPU).
 """
 
 from __future__ import annotations
@@ -91,15 +91,18 @@ def split_stages(graph_module: torch.fx.GraphModule, frontier_names: Sequence[st
 
 def value_key(tensors: Sequence[Any]) -> tuple[Any, ...]:
     """A hashable key equal exactly when the inputs have equal shape, dtype, device and bytes."""
-    parts = []
+    parts: list[tuple[Any, ...]] = []
+    vectors: list[torch.Tensor] = []  # the tensors' bytes, read to the host together below
     for tensor in tensors:
         if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
             parts.append((tuple(tensor.shape), tensor.dtype, "meta"))  # no values: shapes are all there is
         elif isinstance(tensor, torch.Tensor):
-            parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, _bytes_of(tensor)))
+            parts.append((tuple(tensor.shape), tensor.dtype, tensor.device, len(vectors)))
+            vectors.append(_bytes_of(tensor))
         else:
             parts.append(("value", tensor))
-    return _read_to_host(parts)
+    raw = _read_to_host(vectors)
+    return tuple((*p[:3], raw[p[3]]) if len(p) == 4 else p for p in parts)
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -109,21 +112,21 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8)
 
 
-def _read_to_host(parts: list[Any]) -> tuple[Any, ...]:
-    """``parts`` with each device byte vector replaced by its ``bytes``: one copy to the host per
-    device (each copy waits for the device), not one per key tensor."""
-    vectors = [p[-1] for p in parts if len(p) == 4]
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for vector in vectors:
-        by_device.setdefault(vector.device, []).append(vector)
-    host: dict[int, bytes] = {}
-    for group in by_device.values():
+def _read_to_host(vectors: list[torch.Tensor]) -> list[bytes]:
+    """Each uint8 vector's bytes, in order: one copy to the host per device (each copy waits for
+    the device), not one per key tensor."""
+    raw: list[bytes] = [b""] * len(vectors)
+    by_device: dict[torch.device, list[int]] = {}
+    for index, vector in enumerate(vectors):
+        by_device.setdefault(vector.device, []).append(index)
+    for indices in by_device.values():
+        group = [vectors[i] for i in indices]
         joined = (torch.cat(group) if len(group) > 1 else group[0]).cpu().numpy().tobytes()
         offset = 0
-        for vector in group:
-            host[id(vector)] = joined[offset:offset + vector.numel()]
+        for index, vector in zip(indices, group, strict=True):
+            raw[index] = joined[offset:offset + vector.numel()]
             offset += vector.numel()
-    return tuple((*p[:-1], host[id(p[-1])]) if len(p) == 4 else p for p in parts)
+    return raw
 
 
 class BothStages:
@@ -162,17 +165,13 @@ class StagedProgram:
         self.capacity = capacity
         self.stats = stats or MemoStats()
         self.probe_misses, self.bypass_calls = probe_misses, bypass_calls  # probe_misses=0: never bypass
-        self.both = both
+        self.both = both if both is not None else BothStages(invariant, main, key_positions)
         self._misses_in_row = 0
         self._bypass_left = 0
         self._memo: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
 
     def hoisted_values(self, args: Sequence[Any]) -> tuple[Any, ...]:
         keys = [args[i] for i in self.key_positions]
-        if self._bypass_left > 0:
-            self._bypass_left -= 1
-            self.stats.bypassed += 1
-            return tuple(self.invariant(*keys))
         key = value_key([args[i] for i in self.value_positions])
         cached = self._memo.get(key)
         if cached is not None:
@@ -198,7 +197,7 @@ class StagedProgram:
         self.stats.entries = 0
 
     def __call__(self, *args: Any) -> Any:
-        if self._bypass_left > 0 and self.both is not None:
+        if self._bypass_left > 0:
             self._bypass_left -= 1
             self.stats.bypassed += 1
             return self.both(*args)
