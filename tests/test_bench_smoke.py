@@ -339,12 +339,14 @@ def test_pipeline_benchmark_runs_a_real_flux_pipeline_eager_and_kopt(tmp_path):
     from benchmarks.dit.pipeline import main
 
     main(["--model", "flux1-dev", "--tiny", "--device", "cpu", "--steps", "2", "--size", "64", "--images", "1",
-          "--modes", "eager,kopt", "--out", str(tmp_path)])
+          "--modes", "eager,kopt", "--fp32-reference", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "pipeline-flux1-dev-tiny.json").read_text())
     eager, compiled = result["rows"]
     assert [eager["mode"], compiled["mode"]] == ["eager", "kopt"]
     assert eager["seconds_per_image"] > 0 and compiled["seconds_per_image"] > 0
     assert compiled["rel_err_vs_eager"] < 0.05
+    # against the float32 copy of the same pipeline, kopt's image is as close as eager bf16's (zoo bound)
+    assert 0 < eager["rel_err_vs_fp32"] and compiled["rel_err_vs_fp32"] <= 1.5 * eager["rel_err_vs_fp32"] + 3.9e-3
     assert compiled["memo_misses"] >= 2  # the warm-up image's two timesteps
     calls = compiled["memo_hits"] + compiled["memo_misses"] + compiled["memo_bypassed"]
     assert calls >= 2 * 2  # warm-up and timed image, 2 steps each

@@ -12,7 +12,8 @@ one evaluation of kopt's memo); FLUX.1-dev is guidance-distilled (one call per s
 
 Each mode: a warm-up image (compiles; its time is the compile cost), then ``--images`` timed images
 on fresh pipelines of the same weights. Writes ``pipeline-<model>.json`` and ``.md`` under ``$OUT``
-(or ``benchmarks/results``); the images' relative error against eager's is in both. ``--tiny``
+(or ``benchmarks/results``); the images' relative error against eager's is in both, and with
+``--fp32-reference`` against a float32 copy of the same pipeline. ``--tiny``
 swaps in the test suite's tiny pipelines (every component tiny): the CPU check of this script's
 plumbing, not a measurement.
 """
@@ -20,6 +21,7 @@ plumbing, not a measurement.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -102,6 +104,15 @@ def tiny_pipeline(model: str, device: str, dtype: torch.dtype):
     return tiny_flux_pipeline().to(device, dtype), dict(guidance_scale=3.5, max_sequence_length=32)
 
 
+def fp32_image(pipe, arguments: dict, steps: int, size: int, seed: int) -> torch.Tensor:
+    """The image a float32 copy of ``pipe`` (the same weights, upcast) makes for ``seed``: the
+    higher-precision reference every mode's image is compared with."""
+    upcast = copy.deepcopy(pipe).to(torch.float32)
+    image, _ = generate(upcast, arguments, steps, size, seed)
+    del upcast
+    return image
+
+
 def _synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -131,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="per mode, profile one image of this many steps: GPU kernel time against wall time "
                              "and idle GPU time (0: off)")
     parser.add_argument("--trace", action="store_true", help="with --profile-steps: also a gzipped Chrome trace")
+    parser.add_argument("--fp32-reference", action="store_true",
+                        help="also make the last timed image with a float32 copy of the same pipeline and report "
+                             "each mode's relative error against it (eager bf16 is not the truth)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=None, help="results folder (default: $OUT, else benchmarks/results)")
     args = parser.parse_args(argv)
@@ -144,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         pipe, arguments = build(args.device, torch.bfloat16)
     modes = args.modes.split(",") + (["kopt-fp8"] if args.fp8 else [])
     rows, reference = [], None
+    fp32 = fp32_image(pipe, arguments, args.steps, args.size, seed=args.images) if args.fp32_reference else None
     for mode in modes:
         torch._dynamo.reset()
         if mode == "regional":
@@ -159,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         error = ((image - reference).norm() / reference.norm()).item()
         row = dict(mode=mode, seconds_per_image=min(times), all_seconds=times, warmup_seconds=warmup,
                    rel_err_vs_eager=error)
+        if fp32 is not None:
+            row["rel_err_vs_fp32"] = ((image - fp32).norm() / fp32.norm()).item()
         if args.profile_steps:
             trace = out / f"trace-pipeline-{args.model}-{mode}.json.gz" if args.trace else None
             profiled = profile_breakdown(lambda: generate(pipe, arguments, args.profile_steps, args.size, seed=99),
@@ -182,18 +199,19 @@ def main(argv: list[str] | None = None) -> None:
     stem = f"pipeline-{args.model}" + ("-tiny" if args.tiny else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# {args.model} pipeline, {args.size}x{args.size}, {args.steps} steps, {result['gpu']}", "",
-             "| mode | s / image | warm-up (compile) s | rel err vs eager | memo hits / calls "
+             "| mode | s / image | warm-up (compile) s | rel err vs eager | rel err vs fp32 | memo hits / calls "
              "| profiled image: kernel s / idle GPU s |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         memo = (f"{row['memo_hits']} / {row['memo_hits'] + row['memo_misses'] + row['memo_bypassed']}"
                 if "memo_hits" in row else "–")
+        fp32_error = f"{row['rel_err_vs_fp32']:.4f}" if "rel_err_vs_fp32" in row else "–"
         profiled = row.get("profile") or {}
         timeline = profiled.get("timeline")
         gpu = (f"{profiled['kernel_ms'] / 1e3:.2f} / {timeline['idle_between_kernels'] / 1e3:.2f} "
                f"({profiled['steps']} steps)" if timeline else "–")
         lines.append(f"| {row['mode']} | {row['seconds_per_image']:.2f} | {row['warmup_seconds']:.1f} | "
-                     f"{row['rel_err_vs_eager']:.4f} | {memo} | {gpu} |")
+                     f"{row['rel_err_vs_eager']:.4f} | {fp32_error} | {memo} | {gpu} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
