@@ -29,5 +29,5 @@ __all__ = [
     "Role", "Rule",
     "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",
     "default_pipeline", "kopt_post_grad_pass", "last_backend_report", "make_backend", "optimize_pipeline",
-    "restore_pipeline",
+    "restore_pipeline", "__version__",
 ]

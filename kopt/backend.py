@@ -25,6 +25,7 @@ from kopt.passes.pipeline import PassSpec, resolve
 from kopt.progress import show_progress
 from kopt.release import release_unread_weights
 from kopt.report import GraphReport, Report
+from kopt.weight_guard import WeightGuard
 
 __all__ = ["KoptBackend", "LoweringCheckFailed", "VerificationFailed", "WeightsChangedError", "kopt_backend",
            "last_backend_report", "make_backend"]
@@ -117,6 +118,10 @@ class KoptBackend:
             graph.forget_released()
         self.report.released_bytes += freed
         return freed
+
+    def weight_guards(self) -> list[WeightGuard]:
+        """The guards of every compiled graph's weight sets (:mod:`kopt.forward_replay` reads them)."""
+        return [guard for graph in self.compiled if graph.weights is not None for guard in graph.weights.guards()]
 
     def refresh(self) -> None:
         """Re-capture every compiled graph on its next call (after changing weights by hand)."""

@@ -39,6 +39,12 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 
+def capturing() -> bool:
+    """Whether the current stream is recording a CUDA graph (kopt's whole-forward replay, or the
+    caller's own): then nothing may wait for the device or record a graph of its own."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _signature(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> tuple[Any, ...] | str:
     """A hashable signature of the call, or why the call cannot be replayed from a graph. Inference
     mode is part of it: buffers recorded under it cannot be written outside it. Inputs at ``skip``
@@ -56,6 +62,9 @@ def _signature(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> tuple
         else:
             return f"input {index} is a {type(arg).__name__} (only tensors and plain values are replayed)"
     return tuple(parts)
+
+
+_COPYABLE = (torch.Tensor, bool, int, float, str, type(None))  # output leaves a replay can hand out
 
 
 @dataclasses.dataclass
@@ -107,9 +116,16 @@ class CudaGraphRunner:
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool
 
+    @property
+    def has_graphs(self) -> bool:
+        """Whether this runner holds a recording (replays of it are possible)."""
+        return bool(self._graphs)
+
     def __call__(self, *args: Any) -> Any:
         if self.stats.disabled is not None:
             self.stats.plain_calls += 1
+            return self.fn(*args)
+        if capturing():  # inside a recording of a larger forward: its graph holds these kernels
             return self.fn(*args)
         signature = _signature(args, self.static_inputs)
         if isinstance(signature, str):
@@ -166,6 +182,10 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             outputs = self.fn(*inputs)
+        leaves, _ = tree_flatten(outputs)
+        opaque = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, _COPYABLE)]
+        if opaque:  # a replay overwrites the recorded outputs: each must be copied out per call
+            raise RuntimeError(f"outputs of type {opaque[0]} cannot be copied out of a replay")
         graph.replay()  # the recording computes what the plain call did, or it is not used
         mismatch = replay_mismatch(outputs, expected)
         if mismatch is not None:

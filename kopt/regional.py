@@ -10,7 +10,10 @@ code. Compile time becomes that of a few blocks instead of the model.
 
 What it gives up: rewrites that need the whole forward cannot fire inside one block — the gated
 residual at a block seam, the float32 residual stream, the step-invariant stage that spans blocks —
-and the code between blocks runs eagerly. The report says which blocks were compiled.
+and the code between blocks runs eagerly. With CUDA graphs on (the default on a GPU), the whole
+forward — every block and the code between — is replayed from one CUDA graph
+(:mod:`kopt.forward_replay`), so that eager code costs no launches and the host no time per kernel.
+The report says which blocks were compiled and what the replay did.
 
 Blocks: the classes a diffusers model declares in ``_repeated_blocks``; otherwise the items of each
 outermost ``nn.ModuleList`` whose items have submodules (SD3, Sana, PixArt, transformers LLMs).
@@ -18,11 +21,14 @@ outermost ``nn.ModuleList`` whose items have submodules (SD3, Sana, PixArt, tran
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
+
+from kopt.config import WeightChange
+from kopt.forward_replay import ForwardReplay
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -66,15 +72,23 @@ def uncompile_blocks(model: nn.Module) -> None:
 class KoptRegional(nn.Module):
     """A module whose repeated blocks kopt compiled (:func:`kopt.compile` with ``regional=True``):
     call it like the original; ``kopt_report`` has one graph per compiled block class (and per
-    recompilation); ``blocks`` names the block classes."""
+    recompilation) and what the whole-forward replay did; ``blocks`` names the block classes."""
 
-    def __init__(self, model: nn.Module, backend: Any, blocks: list[str]) -> None:
+    def __init__(self, model: nn.Module, backend: Any, blocks: list[str], replay: bool = False) -> None:
         super().__init__()
         self._orig_mod = model
         self._kopt_backend = backend
         self.blocks = blocks
+        self._replay: ForwardReplay | None = None
+        if replay:
+            options = backend.options
+            check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
+            self._replay = ForwardReplay(model, backend.weight_guards, lambda: backend.generation, check)
+            backend.report.forward_replay = self._replay.stats
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._replay is not None:
+            return self._replay(*args, **kwargs)
         return self._orig_mod(*args, **kwargs)
 
     @property
@@ -83,19 +97,25 @@ class KoptRegional(nn.Module):
         return self._kopt_backend.report
 
     def kopt_refresh(self) -> None:
-        """Capture and lower again at the next call of each block."""
+        """Capture and lower again at the next call of each block (the whole-forward recording too)."""
         self._kopt_backend.refresh()
 
     def undo(self) -> nn.Module:
         """Give back the original module with its blocks uncompiled."""
         uncompile_blocks(self._orig_mod)
+        self._replay = None
         return self._orig_mod
 
 
 def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
                      dynamic: bool | None = None) -> KoptRegional:
-    """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`)."""
+    """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`).
+    When the backend's options ask for CUDA graphs, the whole forward is what is recorded and the
+    blocks' graphs do not record their own (each block would need one)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"regional compilation compiles a module's blocks; got {type(model).__name__}")
+    replay = backend.options.use_cuda_graphs
+    if replay:
+        backend.options = dataclasses.replace(backend.options, cuda_graphs=False)
     blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic)
-    return KoptRegional(model, backend, blocks)
+    return KoptRegional(model, backend, blocks, replay=replay)

@@ -65,6 +65,7 @@ class Report:
     eager_calls: int = 0  # calls that ran no kopt graph at all (kopt.fallback)
     eager_fallback: str | None = None  # why the last of them did
     recompile_limit: str | None = None  # dynamo's recompile-limit warning for this module, if it hit one
+    forward_replay: Any = None  # regional: kopt.cuda_graphs.CudaGraphStats of the whole-forward replay, live
 
     def pass_records(self, name: str) -> list[PassRecord]:
         return [p for g in self.graphs for p in g.passes if p.name == name]
@@ -117,6 +118,8 @@ def render(report: Report, max_near_misses: int = 5) -> str:
     if report.released_bytes:
         lines.append(f"  released {report.released_bytes / 2**20:,.1f} MiB of module weights no compiled graph reads "
                      "(release_weights=True)")
+    if report.forward_replay is not None:
+        lines.append(f"  whole forward: {report.forward_replay.describe()}")
     for graph in report.graphs:
         lines.append(f"\ngraph {graph.index}: lowered with {graph.lowering or '?'}; capture "
                      f"{graph.capture_seconds:.2f}s, compile {graph.compile_seconds:.2f}s")

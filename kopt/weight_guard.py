@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from kopt.config import WeightCheck
+from kopt.cuda_graphs import capturing
 from kopt.release import is_released
 
 _SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -201,13 +202,6 @@ class Pending:
         return self.group.locate(self.differs) if bool(self.flag) else []
 
 
-def _capturing() -> bool:
-    """Whether the caller is recording a CUDA graph around kopt (its own whole-forward replay, say).
-    Then only versions and storages are checked: a comparison inside someone else's recording could
-    not be waited for, and its replays would never run this check again anyway."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 class WeightGuard:
     """Watches the weights at ``positions`` of dynamo's argument list (see the module docstring)."""
 
@@ -268,7 +262,8 @@ class WeightGuard:
         storages at once, then (checksum) one comparison per device, those on a GPU left running."""
         moved = [p for p in self.positions
                  if (args[p]._version, args[p].data_ptr()) != self._versions[p]]
-        if moved or self.check is not WeightCheck.CHECKSUM or _capturing():
+        # inside a recording nothing may wait: the recorder checks before each replay (kopt.forward_replay)
+        if moved or self.check is not WeightCheck.CHECKSUM or capturing():
             return [Pending(None, {}, None, None, known=moved)]
         return [group.launch(args) for group in self._groups]
 

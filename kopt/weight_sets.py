@@ -76,6 +76,10 @@ class WeightSets:
         """How many sets are held (1 unless the graph serves several modules' weights)."""
         return len(self._sets)
 
+    def guards(self) -> list[WeightGuard]:
+        """Every set's guard (a whole-forward replay watches them all before each replay)."""
+        return [entry.guard for entry in self._sets.values() if entry.guard is not None]
+
     def derived_storages(self) -> set[int]:
         """Storages of every set's derived tensors (module weights shared with them live there)."""
         return {t.untyped_storage().data_ptr() for entry in self._sets.values() for _, t in entry.derived

@@ -188,6 +188,8 @@ def replay_status(prepared: Prepared) -> str | None:
         return prepared.replay()
     report = prepared.kopt_report
     stats = [g.cuda_graphs for g in report.graphs if g.cuda_graphs is not None] if report is not None else []
+    if report is not None and report.forward_replay is not None:  # kopt regional: the whole forward
+        stats = [report.forward_replay]
     if not stats:
         return None
     reasons = {s.disabled or s.skipped for s in stats} - {None}

@@ -155,6 +155,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
                                     fp8=Fp8Config()),
     # FP8 linears and FP8 attention (kopt::fp8_attention: Q per row, K and V per key tile)
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
+    # regional compilation (compile time of a few blocks) with FP8 linears and attention
+    "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
     # what the per-call checksum of the bf16 weights behind the FP8 copies costs (they are not checksummed here)
     "kopt-fp8-attn-version-check": dict(passes="auto", fp8=Fp8Config(attention=True), weight_check="version"),
     # the same with float32 accumulation in the FP8 GEMMs (the default is cuBLAS' fast accumulation)
@@ -200,13 +202,9 @@ def all_variants() -> list[Variant]:
         Variant("torch.compile+graphs", "regional torch.compile, whole forward replayed from a CUDA graph",
                 lambda m, s: _replayed(_regional_compile(m, s), s), cfg_pair=True, estimate_full_s=150,
                 aliases=("compile+graphs",)),
-        Variant("kopt-regional", "kopt.compile(regional=True): each repeated block compiled once per class",
+        Variant("kopt-regional", "kopt.compile(regional=True): each repeated block compiled once per class, "
+                "the whole forward replayed from a CUDA graph (kopt.forward_replay)",
                 _kopt(dict(passes="auto", regional=True)), cfg_pair=True, estimate_full_s=120),
-        Variant("kopt-regional+graphs", "kopt as regional compile's backend, whole forward replayed from a CUDA graph",
-                # version-only weight checks: the checksum's host sync cannot be captured in a CUDA graph
-                lambda m, s: _replayed(_kopt(dict(passes="auto", regional=True, cuda_graphs=False,
-                                                  weight_check="version", progress=False))(m, s), s),
-                cfg_pair=True, estimate_full_s=150),
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
                 estimate_full_s=420, aliases=("compile-full", "whole")),
     ]

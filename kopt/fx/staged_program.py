@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from kopt.config import Role
+from kopt.cuda_graphs import capturing
 
 
 @dataclasses.dataclass
@@ -197,6 +198,8 @@ class StagedProgram:
         self.stats.entries = 0
 
     def __call__(self, *args: Any) -> Any:
+        if capturing():  # a recording cannot wait for the keys, and its replays never consult the memo
+            return self.both(*args)
         if self._bypass_left > 0:
             self._bypass_left -= 1
             self.stats.bypassed += 1

@@ -24,8 +24,8 @@ import torch
 
 from kopt.fx.constants import constant_value, transposed_constant, weight_of, weight_paths
 from kopt.fx.derived import derive
-from kopt.fx.shared_weights import adjacent_rows
 from kopt.fx.graph_utils import replace, stamp
+from kopt.fx.shared_weights import adjacent_rows
 from kopt.passes.base import Contract, Pass, PassContext
 
 aten = torch.ops.aten

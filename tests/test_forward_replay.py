@@ -1,0 +1,159 @@
+"""Regional compilation's whole-forward CUDA-graph replay (kopt.forward_replay): what stands in for
+the checks a replay skips — the call's signature, weights given new storage, weights behind derived
+constants, kopt_refresh() — on the CPU where no graph is recorded, and on a GPU where it is."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kopt
+from kopt.config import WeightCheck
+from kopt.forward_replay import ForwardReplay, ReplayGuard, fixed_key
+from kopt.regional import KoptRegional
+from tests.conftest import rel_err
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _tiny_flux(device: str = "cpu", extra: int = 2):
+    """The zoo's tiny FLUX.2 with ``extra`` more blocks per list (fresh weights), float32."""
+    from kopt.workloads import get_workload
+
+    workload = get_workload("flux2")
+    torch.manual_seed(0)
+    model = workload.model("tiny")
+    for blocks in (model.transformer_blocks, model.single_transformer_blocks):
+        for _ in range(extra):
+            clone = copy.deepcopy(blocks[0])
+            for p in clone.parameters():
+                torch.nn.init.normal_(p, std=0.05)
+            blocks.append(clone)
+    return workload, model.to(device).eval()
+
+
+def _inputs(workload, device: str):
+    inputs = workload.inputs("tiny", seed=int(torch.randint(1 << 30, ())))
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def test_fixed_arguments_key_by_value_and_anything_opaque_is_refused():
+    assert fixed_key([(1, 2), {"a": None}]) == fixed_key([(1, 2), {"a": None}])
+    assert fixed_key([(1, 2)]) != fixed_key([(1, 3)])
+    assert fixed_key(True) != fixed_key(1)  # a bool flag is not the integer 1
+    with pytest.raises(TypeError, match="Tensor"):
+        fixed_key([torch.ones(2)])  # a tensor inside a list: its values would be baked into the recording
+    with pytest.raises(TypeError, match="object"):
+        fixed_key(object())
+
+
+def test_regional_on_cuda_graphs_records_the_forward_not_each_block_and_cpu_calls_run_plainly():
+    workload, model = _tiny_flux()
+    reference = copy.deepcopy(model)
+    compiled = kopt.compile(model, regional=True, lower="eager", cuda_graphs=True, progress=False)
+    assert isinstance(compiled, KoptRegional) and isinstance(compiled._replay, ForwardReplay)
+    assert compiled._kopt_backend.options.cuda_graphs is False  # blocks: the forward is what is recorded
+    inputs = _inputs(workload, "cpu")
+    with torch.no_grad():
+        got, want = compiled(**inputs)[0], reference(**inputs)[0]
+    assert rel_err(got, want) < 1e-5
+    stats = compiled.kopt_report.forward_replay
+    assert stats.recorded == 0 and stats.plain_calls == 1 and "CUDA device" in stats.skipped
+    assert "whole forward: CUDA graphs" in str(compiled.kopt_report)
+    plain = kopt.compile(copy.deepcopy(reference), regional=True, lower="eager", progress=False)
+    assert plain._replay is None and plain.kopt_report.forward_replay is None  # eager lowering: off by default
+
+
+def test_the_replay_guard_sees_new_storage_and_writes_behind_derived_constants():
+    workload, model = _tiny_flux()
+    compiled = kopt.compile(model, regional=True, lower="eager", cuda_graphs=True, share_weights=False,
+                            progress=False)
+    with torch.no_grad():
+        compiled(**_inputs(workload, "cpu"))
+    guards = compiled._kopt_backend.weight_guards()
+    assert len(guards) == len(model.transformer_blocks)  # the blocks with derived constants (merged Q/K/V)
+    guard = ReplayGuard(model, guards, WeightCheck.CHECKSUM)
+    assert guard.weights is not None and not guard.moved()
+    assert guard.weights.changed(guard.watched) == []
+    watched = next(t for t in guard.watched if t.dim() == 2)
+    watched.data.copy_(torch.randn_like(watched))  # as PEFT hot-swaps: no version bump
+    assert guard.weights.changed(guard.watched) != []
+    head = model.proj_out.weight
+    head.data = head.data.clone()  # new storage for a weight read live
+    assert guard.moved()
+    versions = ReplayGuard(model, guards, WeightCheck.VERSION)
+    assert versions.weights is not None and versions.weights.watched_bytes == 0
+    assert ReplayGuard(model, guards, None).weights is None  # on_weight_change="ignore": nothing watched
+
+
+def _replayed_model(**options):
+    workload, model = _tiny_flux("cuda")
+    reference = copy.deepcopy(model)
+    compiled = kopt.compile(model, regional=True, progress=False, **options)
+    return workload, model, reference, compiled
+
+
+def _check(compiled, reference, workload, bound=2e-3):
+    inputs = _inputs(workload, "cuda")
+    with torch.no_grad():
+        got = compiled(**inputs)[0].clone()
+        want = reference(**inputs)[0]
+    assert rel_err(got, want) < bound
+    return got
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_whole_forward_replays_from_one_graph_and_matches_eager_on_fresh_inputs():
+    workload, _model, reference, compiled = _replayed_model()
+    outputs = []
+    for _ in range(6):
+        inputs = _inputs(workload, "cuda")
+        with torch.no_grad():
+            outputs.append((compiled(**inputs)[0], reference(**inputs)[0]))
+    for got, want in outputs:  # earlier outputs were copied out, not overwritten by later replays
+        assert rel_err(got, want) < 2e-3
+    stats = compiled.kopt_report.forward_replay
+    assert stats.disabled is None, stats.disabled
+    assert stats.recorded == 1 and stats.replays >= 3, stats.describe()
+    assert all(g.cuda_graphs is None for g in compiled.kopt_report.graphs)  # no per-block recordings
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_hot_swapped_weight_behind_a_derived_constant_is_seen_before_the_replay():
+    workload, model, reference, compiled = _replayed_model(share_weights=False)
+    for _ in range(4):
+        _check(compiled, reference, workload)
+    replay = compiled._replay
+    assert replay.stats.replays >= 1
+    block = model.transformer_blocks[1]
+    new = torch.randn_like(block.attn.to_q.weight) * 0.05
+    with torch.no_grad():
+        block.attn.to_q.weight.data.copy_(new)  # the merged Q/K/V was derived from it
+        reference.transformer_blocks[1].attn.to_q.weight.copy_(new)
+    _check(compiled, reference, workload)
+    assert replay.resets == 1 and "derived constant changed" in replay.stats.skipped
+    for _ in range(4):  # records again, and replays the new weights
+        _check(compiled, reference, workload)
+    assert replay.stats.recorded == 2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_weight_given_new_storage_is_seen_before_the_replay():
+    workload, model, reference, compiled = _replayed_model()
+    for _ in range(4):
+        _check(compiled, reference, workload)
+    new = torch.randn_like(model.proj_out.weight) * 0.05
+    model.proj_out.weight.data = new.clone()
+    with torch.no_grad():
+        reference.proj_out.weight.copy_(new)
+    _check(compiled, reference, workload)
+    assert compiled._replay.resets == 1 and "new storage" in compiled._replay.stats.skipped
+    compiled.kopt_refresh()  # captures the blocks again: the recording goes too
+    for _ in range(4):
+        _check(compiled, reference, workload)
+    assert compiled._replay.resets == 2 and compiled._replay.stats.recorded == 2
