@@ -86,10 +86,10 @@ def test_setup_is_unchanged_by_the_replay_variant_on_cpu() -> None:
 def test_the_summary_carries_cold_and_warm_compile_time_and_peak_memory_against_eager() -> None:
     from benchmarks.dit.summary import summary_table
 
-    rows = [dict(_row("eager", 170.0), peak_mem_gb=24.0),
-            dict(_row("torch.compile+graphs", 130.0, "replayed"), compile_s=10.0, warm_compile_s=4.0, peak_mem_gb=24.5),
-            dict(_row("kopt", 120.0, "replayed"), compile_s=60.0, warm_compile_s=30.0, peak_mem_gb=26.4),
-            dict(_row("kopt", 240.0, "replayed", call="cfg-pair"), compile_s=0.0, peak_mem_gb=26.0)]
+    rows = [dict(_row("eager", 170.0), peak_gb=24.0),
+            dict(_row("torch.compile+graphs", 130.0, "replayed"), compile_s=10.0, warm_compile_s=4.0, peak_gb=24.5),
+            dict(_row("kopt", 120.0, "replayed"), compile_s=60.0, warm_compile_s=30.0, peak_gb=26.4),
+            dict(_row("kopt", 240.0, "replayed", call="cfg-pair"), compile_s=0.0, peak_gb=26.0)]
     forward, pair = summary_rows({"rows": rows, "breakdown": []})
     assert (forward["kopt_compile_s"], forward["kopt_warm_compile_s"]) == (60.0, 30.0)
     assert (forward["baseline_compile_s"], forward["baseline_warm_compile_s"]) == (10.0, 4.0)

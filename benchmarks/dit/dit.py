@@ -133,7 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
     return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
-                warm_compile_s=None, first_call_s=None, samples_ms=[], peak_mem_gb=None, rel_err=None, cosine=None,
+                warm_compile_s=None, first_call_s=None, samples_ms=[], peak_gb=None, first_call_peak_gb=None,
+                rel_err=None, cosine=None,
                 rel_err_vs_eager=None, cosine_vs_eager=None, launches=None, replay=None, notes=[])
 
 
@@ -147,18 +148,18 @@ def _as_output(call: str, result: Any) -> torch.Tensor:
 def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
                 reference: torch.Tensor, eager: torch.Tensor) -> dict[str, Any]:
     """Time ``fn`` (first call compiles), compare its output with the higher-precision ``reference``
-    and with ``eager``'s output, note peak memory."""
-    reset_peak_memory(run.device)
+    and with ``eager``'s output, note peak memory (steady state, and while compiling)."""
     timing, result = benchmark(fn, run.device, warmup=run.args.warmup, repeats=run.args.repeats)
     row = _empty_row(model, variant, call)
     output = _as_output(call, result)
     row.update(compare(output, reference))
     row.update({f"{key}_vs_eager": value for key, value in compare(output, eager).items()})
     row.update(median_ms=timing.median_ms, compile_s=timing.compile_s, first_call_s=timing.first_call_s,
-               samples_ms=[round(s, 4) for s in timing.samples_ms], peak_mem_gb=peak_memory_gb(run.device))
+               samples_ms=[round(s, 4) for s in timing.samples_ms], peak_gb=timing.peak_gb,
+               first_call_peak_gb=timing.first_peak_gb)
     run.log(f"  {model} {variant} {call}: median {timing.median_ms:.3f} ms, compile {timing.compile_s:.1f} s, "
             f"vs reference rel_err {row['rel_err']} cosine {row['cosine']}, vs eager rel_err "
-            f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_mem_gb']} GB")
+            f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_gb']} GB (first calls {row['first_call_peak_gb']} GB)")
     return row
 
 

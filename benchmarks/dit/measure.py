@@ -58,6 +58,8 @@ class Timing:
 
     first_call_s: float
     samples_ms: list[float]
+    first_peak_gb: float | None = None  # peak memory over the first call and the warm-up (compiling)
+    peak_gb: float | None = None  # peak memory over the timed calls (steady state)
 
     @property
     def median_ms(self) -> float:
@@ -71,16 +73,20 @@ class Timing:
 
 def benchmark(fn: Callable[[], Any], device: torch.device, *, warmup: int,
               repeats: int) -> tuple[Timing, Any]:
-    """First call (timed by wall clock), ``warmup`` untimed calls, ``repeats`` timed calls.
+    """First call (timed by wall clock), ``warmup`` untimed calls, ``repeats`` timed calls; peak
+    memory of the first two phases together (compiling) and of the timed calls (steady state) apart.
 
     Returns the timing and the first call's result, which the caller compares with the reference.
     """
+    reset_peak_memory(device)
     first_s, result = wall_call_s(fn, device)
     for _ in range(warmup):
         fn()
     synchronize(device)
+    first_peak = peak_memory_gb(device)
+    reset_peak_memory(device)
     samples = [time_call_ms(fn, device) for _ in range(max(1, repeats))]
-    return Timing(first_s, samples), result
+    return Timing(first_s, samples, first_peak, peak_memory_gb(device)), result
 
 
 def first_tensor(output: Any) -> torch.Tensor:

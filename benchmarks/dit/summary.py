@@ -77,6 +77,11 @@ def summary_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def peak_gb(row: Mapping[str, Any]) -> float | None:
+    """A row's steady-state peak memory (rows written before the rename call it ``peak_mem_gb``)."""
+    return row.get("peak_gb", row.get("peak_mem_gb"))
+
+
 def _forward(rows: Sequence[Mapping[str, Any]], model: str, variant: str | None) -> Mapping[str, Any]:
     """That variant's forward row (the one whose first call compiled), or an empty mapping."""
     return next((r for r in rows if (r["model"], r["variant"], r["call"]) == (model, variant, "forward")), {})
@@ -87,7 +92,7 @@ def _compile_and_memory(rows: Sequence[Mapping[str, Any]], row: Mapping[str, Any
     """Cold and warm compile seconds of kopt and of the baseline, and peak memory against eager's."""
     mine, theirs = _forward(rows, row["model"], row["variant"]), _forward(rows, row["model"], baseline)
     eager = _forward(rows, row["model"], "eager")
-    peak, eager_peak = row.get("peak_mem_gb"), eager.get("peak_mem_gb")
+    peak, eager_peak = peak_gb(row), peak_gb(eager)
     return {"kopt_compile_s": mine.get("compile_s"), "kopt_warm_compile_s": mine.get("warm_compile_s"),
             "baseline_compile_s": theirs.get("compile_s"), "baseline_warm_compile_s": theirs.get("warm_compile_s"),
             "peak_gb": peak, "peak_vs_eager": peak / eager_peak if peak and eager_peak else None}
