@@ -143,6 +143,7 @@ def test_a_bypassing_memo_replays_both_stages_from_one_graph(tiny_dit):
         for seed in range(1, 10):
             inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v
                       for k, v in workload.inputs("tiny", seed=seed).items()}
+            inputs[workload.timestep_arg] = inputs[workload.timestep_arg] * (0.5 + seed / 20)  # a new step
             assert rel_err(graphed(**inputs)[0], plain(**inputs)[0]) < 1e-4
     staged = [g for g in graphed.kopt_report.graphs if g.memo is not None]
     assert staged and all(g.memo.bypassed >= 3 for g in staged)
@@ -166,3 +167,6 @@ def test_a_replay_must_compute_what_the_plain_call_computed():
     stale[3, 5] = float("nan")
     assert "NaN" in replay_mismatch((stale, torch.arange(4), None), plain)
     assert "relative error" in replay_mismatch((torch.zeros_like(x), torch.arange(4), None), plain)
+    q = torch.randn(64).to(torch.float8_e4m3fn)  # FP8 outputs (an activation quantizer's) are compared too
+    assert replay_mismatch((q.clone(),), (q,)) is None
+    assert "relative error" in replay_mismatch(((q.float() * 2).to(torch.float8_e4m3fn),), (q,))
