@@ -15,4 +15,5 @@ packages = find_packages(include=["kopt", "kopt.*"])
 for name, folder in MOUNTED.items():
     packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=MOUNTED)
+# data read at run time: the autotune choices kopt ships per GPU model (kopt.kernels._autotune)
+setup(packages=packages, package_dir=MOUNTED, package_data={"kopt.kernels": ["tuned/*.json"]})

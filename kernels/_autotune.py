@@ -12,6 +12,11 @@ candidate (``triton.testing.do_bench``, median) and keeps the fastest; later lau
   by kernel, shape key, device name and Triton version; written atomically (temp file + rename),
   merged with what other processes wrote. A corrupt or stale file is ignored with a warning; a
   cached config that is no longer a candidate (the kernel changed) is tuned again.
+* Choices measured by kopt's own GPU benchmarks ship with it (``kernels/tuned/*.json``, the same
+  format and keys): on a GPU and Triton version listed there, a first compile reuses them instead of
+  timing every candidate (on an H200 that is most of a cold compile's time). The user's file wins
+  over them, and ``KOPT_AUTOTUNE_SHIPPED=0`` ignores them. Valid because a key names the GPU model
+  and the Triton version, and a shipped config that is no longer a candidate is tuned again.
 * Candidates run on scratch outputs, so tuning never touches the caller's buffers (which may alias
   the inputs, e.g. an in-place residual update); the caller then launches the chosen config once.
 * The timer is injectable (``Tuner(timer=...)``): tests check selection and caching on the CPU.
@@ -89,6 +94,9 @@ def default_cache_file() -> Path:
     return Path(folder) / "autotune.json"
 
 
+SHIPPED_DIR = Path(__file__).parent / "tuned"
+
+
 def _do_bench_ms(fn: Callable[[], object]) -> float:
     import triton.testing
 
@@ -108,7 +116,7 @@ class Choice:
     """What a launch used: the config, where it came from, and the timings when it was tuned now."""
 
     config: Config
-    source: str  # "tuned" | "cache" | "default"
+    source: str  # "tuned" | "cache" | "shipped" | "default"
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # config_name -> ms, when timed
     default: str = ""  # config_name of the heuristic default (candidates[0]), to compare against
 
@@ -116,10 +124,14 @@ class Choice:
 class Tuner:
     """Picks and remembers the fastest candidate config per (kernel, shape key, device, Triton)."""
 
-    def __init__(self, path: Path | None = None, timer: Timer | None = None, enabled: bool | None = None) -> None:
+    def __init__(self, path: Path | None = None, timer: Timer | None = None, enabled: bool | None = None,
+                 shipped: Path | None = SHIPPED_DIR) -> None:
         """``path``: the JSON file (default: ``default_cache_file()``, resolved when first needed);
         ``timer``: ms for one callable (default: do_bench median, CUDA only; an injected timer
-        times on any device); ``enabled``: force tuning on/off (default: ``KOPT_AUTOTUNE != "0"``)."""
+        times on any device); ``enabled``: force tuning on/off (default: ``KOPT_AUTOTUNE != "0"``);
+        ``shipped``: the folder of shipped choices (None: none; ``KOPT_AUTOTUNE_SHIPPED=0``: none)."""
+        self._shipped_dir = shipped
+        self._shipped: dict[str, dict[str, Any]] = {}  # full key -> entry, read-only (never saved)
         self._path = path
         self._timer = timer
         self._enabled = enabled
@@ -128,6 +140,7 @@ class Tuner:
         self._loaded = False
         self._lock = threading.RLock()
         self.last: dict[str, Choice] = {}  # kernel name -> its most recent choice (benchmarks report it)
+        self.sources: dict[str, int] = {}  # keys decided in this process, by where the choice came from
 
     # ----------------------------------------------------------------------------------- policy
     @property
@@ -180,9 +193,12 @@ class Tuner:
         with self._lock:
             self._load_once()
             entry = self._entries.get(full_key)
+            source = "cache"
+            if entry is None and full_key in self._shipped:
+                entry, source = self._shipped[full_key], "shipped"
             cached = [c for c in candidates if entry is not None and c == entry["config"]]
             if cached:  # a config that is no longer a candidate (the kernel changed) is tuned again
-                choice = Choice(cached[0], "cache", dict(entry.get("timings_ms", {})), config_name(candidates[0]))
+                choice = Choice(cached[0], source, dict(entry.get("timings_ms", {})), config_name(candidates[0]))
             elif not self.can_time(device):  # e.g. capturing a CUDA graph with this shape never run before
                 return self._record(kernel, default)
             else:
@@ -191,6 +207,7 @@ class Tuner:
                 self._save()
                 choice = Choice(config, "tuned", timings, config_name(candidates[0]))
             self._chosen[(kernel, key, str(device))] = dataclasses.replace(choice, source="cache")
+            self.sources[choice.source] = self.sources.get(choice.source, 0) + 1
         return self._record(kernel, choice)
 
     def _record(self, kernel: str, choice: Choice) -> Config:
@@ -216,9 +233,9 @@ class Tuner:
         return best, timings
 
     # --------------------------------------------------------------------------------- disk cache
-    def _read_file(self) -> dict[str, dict[str, Any]]:
+    def _read_file(self, path: Path | None = None) -> dict[str, dict[str, Any]]:
         """Valid entries of the JSON file; {} (with a warning) when it is corrupt or stale."""
-        path = self.path
+        path = path or self.path
         if not path.exists():
             return {}
         try:
@@ -241,6 +258,9 @@ class Tuner:
         if not self._loaded:
             self._loaded = True
             self._entries = {**self._read_file(), **self._entries}
+            if self._shipped_dir is not None and os.environ.get("KOPT_AUTOTUNE_SHIPPED", "1").strip() != "0":
+                for file in sorted(self._shipped_dir.glob("*.json")):
+                    self._shipped.update(self._read_file(file))
 
     def _save(self) -> None:
         """Merge this process's entries into the file and replace it atomically; failures only warn."""

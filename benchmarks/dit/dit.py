@@ -256,11 +256,16 @@ def run_variant(run: Run, state: ModelState, variant: Variant) -> None:
     rows: list[dict[str, Any]] = []
     try:
         start = time.perf_counter()
+        tuned_before = dict(_autotune.TUNER.sources)
         prepared = variant.prepare(state.model, run.setup)
         prepare_s = time.perf_counter() - start
         if prepare_s >= 0.1:  # e.g. FP8 weight quantization; kopt and torch.compile are lazy
             prepared.notes.append(f"prepare {prepare_s:.1f} s")
         _measure_variant(run, state, variant, prepared, rows)
+        launch_configs = {k: v - tuned_before.get(k, 0) for k, v in _autotune.TUNER.sources.items()}
+        if any(launch_configs.values()) and rows:  # what the cold compile timed, and what it reused
+            rows[0]["notes"].append("kernel launch configs: " + ", ".join(
+                f"{n} {source}" for source, n in sorted(launch_configs.items()) if n))
     except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
         run.log(f"  {variant.name} FAILED: {type(error).__name__}: {error}")
         traceback.print_exc()

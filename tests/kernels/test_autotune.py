@@ -224,3 +224,50 @@ def test_launcher_reuses_its_choice(tmp_path, monkeypatch):
     assert torch.equal(first, again)
     assert torch.equal(again, gelu_tanh.launch(x, config=candidates[1]))
     assert rel_err(again, gelu_tanh.reference(x)) < 1e-5
+
+
+def _shipped(folder, key, config):
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = {"|".join(("k", key, "cpu", f"triton {_autotune.triton.__version__}")): {"config": config}}
+    (folder / "some-gpu.json").write_text(json.dumps({"format": _autotune.FORMAT, "entries": entries}))
+
+
+def test_shipped_choices_are_used_untimed_never_saved_and_lose_to_the_users_file(tmp_path, monkeypatch):
+    _shipped(tmp_path / "tuned", "n=8", CANDIDATES[2])
+    path = tmp_path / "mine.json"
+    tuner = Tuner(path=path, timer=FakeTimer([]), enabled=True, shipped=tmp_path / "tuned")
+    assert tuner.choose("k", "n=8", CANDIDATES, _no_runner, CPU) == CANDIDATES[2]
+    assert tuner.last["k"].source == "shipped" and not path.exists()  # nothing new to save
+    assert tuner.sources == {"shipped": 1}  # benchmarks report what a cold compile timed and what it reused
+    # the user's own measurement of the same key wins
+    Tuner(path=path, timer=FakeTimer([1.0, 2.0, 3.0]), enabled=True, shipped=None).choose(
+        "k", "n=8", CANDIDATES, Runner(), CPU)
+    mine = Tuner(path=path, timer=FakeTimer([]), enabled=True, shipped=tmp_path / "tuned")
+    assert mine.choose("k", "n=8", CANDIDATES, _no_runner, CPU) == CANDIDATES[0]
+    assert mine.last["k"].source == "cache"
+    assert len(json.loads(path.read_text())["entries"]) == 1  # the shipped entry was not copied in
+    # KOPT_AUTOTUNE_SHIPPED=0: ignored, so the key is timed
+    monkeypatch.setenv("KOPT_AUTOTUNE_SHIPPED", "0")
+    timer = FakeTimer([3.0, 1.0, 2.0])
+    off = Tuner(path=tmp_path / "other.json", timer=timer, enabled=True, shipped=tmp_path / "tuned")
+    assert off.choose("k", "n=8", CANDIDATES, Runner(), CPU) == CANDIDATES[1] and timer.calls == 3
+
+
+def test_a_shipped_config_that_is_no_longer_a_candidate_is_tuned(tmp_path):
+    _shipped(tmp_path / "tuned", "n=8", {"BLOCK": 512, "num_warps": 2})
+    timer = FakeTimer([3.0, 1.0, 2.0])
+    tuner = Tuner(path=tmp_path / "a.json", timer=timer, enabled=True, shipped=tmp_path / "tuned")
+    assert tuner.choose("k", "n=8", CANDIDATES, Runner(), CPU) == CANDIDATES[1]
+    assert tuner.last["k"].source == "tuned" and timer.calls == 3
+
+
+def test_the_shipped_files_are_valid_tuner_caches():
+    files = sorted(_autotune.SHIPPED_DIR.glob("*.json"))
+    assert files, "kernels/tuned/ ships no choices"
+    for file in files:
+        data = json.loads(file.read_text())
+        assert data["format"] == _autotune.FORMAT and data["entries"]
+        for key, entry in data["entries"].items():
+            kernel, _shape, gpu, triton_version = key.split("|")
+            assert kernel and gpu and triton_version.startswith("triton ")
+            assert entry["config"] and all(type(v) is int for v in entry["config"].values())
