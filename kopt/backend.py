@@ -99,6 +99,10 @@ class KoptBackend:
         self.argument_names: tuple[str, ...] = ()  # the forward signature, to name positional inputs
         self.compiled: list[CompiledGraph] = []
         self.graph_calls = 0  # compiled graphs run so far (kopt.fallback)
+        # regional (kopt.regional): why each graph's own CUDA graphs wait (the whole forward is recorded
+        # instead), and how many signatures one graph may record (one per block when they do not wait)
+        self.graphs_held_back: str | None = None
+        self.max_graphs = 4
         self._breaks_before = _graph_breaks()
 
     def dispose(self) -> None:

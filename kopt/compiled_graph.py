@@ -201,9 +201,12 @@ class CompiledGraph:
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
         if not (self.backend.options.use_cuda_graphs and on_gpu):
             return lowered
+        limit = self.backend.max_graphs
         if isinstance(share_with, CudaGraphRunner):
-            return CudaGraphRunner(lowered, static_inputs=static, stats=share_with.stats, pool=share_with.pool)
-        runner = CudaGraphRunner(lowered, static_inputs=static, pool=torch.cuda.graph_pool_handle())
+            return CudaGraphRunner(lowered, static_inputs=static, stats=share_with.stats, pool=share_with.pool,
+                                   max_graphs=limit)
+        runner = CudaGraphRunner(lowered, static_inputs=static, pool=torch.cuda.graph_pool_handle(), max_graphs=limit)
+        runner.stats.disabled = self.backend.graphs_held_back  # regional: until the whole forward fails to record
         self.report.cuda_graphs = runner.stats
         return runner
 

@@ -27,7 +27,8 @@ guard sees the change and derives its constants again; the recordings are droppe
 calls record anew (weight changes are rare: a LoRA swap, not every step).
 
 A forward that cannot be recorded (an op that copies a host value to the GPU, or one that syncs)
-runs plainly from then on, and :attr:`ForwardReplay.stats` says why.
+runs plainly from then on, and :attr:`ForwardReplay.stats` says why; regional compilation then
+lets each block's compiled graph replay a recording of its own, one per block (piecewise).
 """
 
 from __future__ import annotations
@@ -89,12 +90,15 @@ class ForwardReplay:
         check: how the weights behind derived constants are watched; None: not watched.
         warmup: plain calls per signature before recording (the first compiles the blocks).
         max_graphs: signatures recorded at most; calls of others run plainly.
+        on_disabled: called once with the reason when a recording fails (the forward cannot be
+            recorded): regional compilation then lets each block's graph replay on its own.
     """
 
     def __init__(self, module: Callable[..., Any], guards: Callable[[], Iterable[WeightGuard]],
                  generation: Callable[[], int], check: WeightCheck | None = WeightCheck.CHECKSUM,
-                 warmup: int = 2, max_graphs: int = 4) -> None:
+                 warmup: int = 2, max_graphs: int = 4, on_disabled: Callable[[str], None] | None = None) -> None:
         self.module, self._guards, self._generation, self.check = module, guards, generation, check
+        self.on_disabled = on_disabled
         self.warmup, self.max_graphs = warmup, max_graphs
         self.stats = CudaGraphStats()
         self.pool: Any = None
@@ -124,6 +128,9 @@ class ForwardReplay:
             out = runner(*tensors)
             if runner.has_graphs:  # just recorded: watch from the state it was recorded in
                 self._guard = ReplayGuard(self.module, self._guards(), self.check)
+            elif self.stats.disabled is not None and self.on_disabled is not None:
+                self.on_disabled(self.stats.disabled)
+                self.on_disabled = None
             return out
         guard = self._guard
         assert guard is not None

@@ -13,6 +13,8 @@ residual at a block seam, the float32 residual stream, the step-invariant stage 
 and the code between blocks runs eagerly. With CUDA graphs on (the default on a GPU), the whole
 forward — every block and the code between — is replayed from one CUDA graph
 (:mod:`kopt.forward_replay`), so that eager code costs no launches and the host no time per kernel.
+Where the forward cannot be recorded (Qwen-Image's copies a host value to the GPU), each block's
+graph replays recordings of its own instead, one per block (piecewise); the code between runs eagerly.
 The report says which blocks were compiled and what the replay did.
 
 Blocks: the classes a diffusers model declares in ``_repeated_blocks``; otherwise the items of each
@@ -21,7 +23,6 @@ outermost ``nn.ModuleList`` whose items have submodules (SD3, Sana, PixArt, tran
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -83,8 +84,17 @@ class KoptRegional(nn.Module):
         if replay:
             options = backend.options
             check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
-            self._replay = ForwardReplay(model, backend.weight_guards, lambda: backend.generation, check)
+            self._replay = ForwardReplay(model, backend.weight_guards, lambda: backend.generation, check,
+                                         on_disabled=self._replay_blocks)
             backend.report.forward_replay = self._replay.stats
+
+    def _replay_blocks(self, reason: str) -> None:
+        """The whole forward could not be recorded: each block's graph replays its own recordings."""
+        backend, held_back = self._kopt_backend, self._kopt_backend.graphs_held_back
+        backend.graphs_held_back = None
+        for graph in backend.report.graphs:
+            if graph.cuda_graphs is not None and graph.cuda_graphs.disabled == held_back:
+                graph.cuda_graphs.disabled = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._replay is not None:
@@ -110,12 +120,13 @@ class KoptRegional(nn.Module):
 def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
                      dynamic: bool | None = None) -> KoptRegional:
     """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`).
-    When the backend's options ask for CUDA graphs, the whole forward is what is recorded and the
-    blocks' graphs do not record their own (each block would need one)."""
+    When the backend's options ask for CUDA graphs, the whole forward is what is recorded; the blocks'
+    graphs record their own (one per block, since each calls with its own weights) only if it cannot be."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"regional compilation compiles a module's blocks; got {type(model).__name__}")
     replay = backend.options.use_cuda_graphs
-    if replay:
-        backend.options = dataclasses.replace(backend.options, cuda_graphs=False)
+    if replay:  # each block's graph waits: it replays only if the whole forward cannot be recorded
+        backend.graphs_held_back = "held back: the whole forward is replayed from one CUDA graph (regional)"
+        backend.max_graphs = 1024  # then one recording per block (each calls it with its own weights)
     blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic)
     return KoptRegional(model, backend, blocks, replay=replay)

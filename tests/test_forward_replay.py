@@ -34,6 +34,14 @@ def _tiny_flux(device: str = "cpu", extra: int = 2):
     return workload, model.to(device).eval()
 
 
+def _tiny(name: str, device: str):
+    from kopt.workloads import get_workload
+
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    return workload, workload.model("tiny").to(device).eval()
+
+
 def _inputs(workload, device: str):
     inputs = workload.inputs("tiny", seed=int(torch.randint(1 << 30, ())))
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -54,7 +62,7 @@ def test_regional_on_cuda_graphs_records_the_forward_not_each_block_and_cpu_call
     reference = copy.deepcopy(model)
     compiled = kopt.compile(model, regional=True, lower="eager", cuda_graphs=True, progress=False)
     assert isinstance(compiled, KoptRegional) and isinstance(compiled._replay, ForwardReplay)
-    assert compiled._kopt_backend.options.cuda_graphs is False  # blocks: the forward is what is recorded
+    assert "held back" in compiled._kopt_backend.graphs_held_back  # blocks: the forward is what is recorded
     inputs = _inputs(workload, "cpu")
     with torch.no_grad():
         got, want = compiled(**inputs)[0], reference(**inputs)[0]
@@ -88,8 +96,8 @@ def test_the_replay_guard_sees_new_storage_and_writes_behind_derived_constants()
     assert ReplayGuard(model, guards, None).weights is None  # on_weight_change="ignore": nothing watched
 
 
-def _replayed_model(**options):
-    workload, model = _tiny_flux("cuda")
+def _replayed_model(name: str = "flux2", **options):
+    workload, model = _tiny_flux("cuda") if name == "flux2" else _tiny(name, "cuda")
     reference = copy.deepcopy(model)
     compiled = kopt.compile(model, regional=True, progress=False, **options)
     return workload, model, reference, compiled
@@ -118,7 +126,8 @@ def test_the_whole_forward_replays_from_one_graph_and_matches_eager_on_fresh_inp
     stats = compiled.kopt_report.forward_replay
     assert stats.disabled is None, stats.disabled
     assert stats.recorded == 1 and stats.replays >= 3, stats.describe()
-    assert all(g.cuda_graphs is None for g in compiled.kopt_report.graphs)  # no per-block recordings
+    for graph in compiled.kopt_report.graphs:  # no per-block recordings
+        assert graph.cuda_graphs.recorded == 0 and "held back" in graph.cuda_graphs.disabled
 
 
 @pytest.mark.gpu
@@ -160,3 +169,19 @@ def test_a_weight_given_new_storage_is_seen_before_the_replay():
     for _ in range(4):
         _check(compiled, reference, workload)
     assert compiled._replay.resets == 2 and compiled._replay.stats.recorded == 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_forward_that_cannot_be_recorded_replays_each_block_from_a_graph_of_its_own():
+    """Qwen-Image's forward copies a host value to the GPU (its text-length from the mask), which a
+    recording cannot hold: then each block's graph records per block (piecewise), with correct outputs."""
+    workload, model, reference, compiled = _replayed_model("qwen-image")
+    for _ in range(5):
+        _check(compiled, reference, workload)
+    report = compiled.kopt_report
+    assert report.forward_replay.disabled is not None, report.forward_replay.describe()
+    assert compiled._kopt_backend.graphs_held_back is None
+    recorded = sum(g.cuda_graphs.recorded for g in report.graphs if g.cuda_graphs is not None)
+    replays = sum(g.cuda_graphs.replays for g in report.graphs if g.cuda_graphs is not None)
+    assert recorded >= len(model.transformer_blocks) and replays >= len(model.transformer_blocks), str(report)
