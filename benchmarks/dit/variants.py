@@ -157,6 +157,9 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
     # regional compilation (compile time of a few blocks) with FP8 linears and attention
     "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
+    # the same without the per-call checksum of the bf16 weights behind the FP8 copies (what it costs)
+    "kopt-regional-fp8-attn-version-check": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True),
+                                                 weight_check="version"),
     # what the per-call checksum of the bf16 weights behind the FP8 copies costs (they are not checksummed here)
     "kopt-fp8-attn-version-check": dict(passes="auto", fp8=Fp8Config(attention=True), weight_check="version"),
     # the same with float32 accumulation in the FP8 GEMMs (the default is cuBLAS' fast accumulation)
