@@ -20,7 +20,8 @@ checks of each block's compiled graph. What stands in for them, before every rep
 * **weights behind derived constants** (a block's merged Q/K/V, its FP8 copy): the weights every
   block's :class:`~kopt.weight_guard.WeightGuard` watches are watched by one guard here, one
   checksum launch for all of them, running beside the replay (as each block's own guard does);
-* **kopt_refresh()** and new compiled graphs (a recompilation): the recording is dropped.
+* **kopt_refresh()**: every recording is dropped. A new recording (a new call signature, which
+  may compile new graphs) watches the weights of every compiled graph from then on.
 
 On any change the replay's result is discarded and the call runs plainly, where each block's own
 guard sees the change and derives its constants again; the recordings are dropped and the next

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -57,3 +58,19 @@ def compile_close_to_eager(name: str, bound: float, *, seed: int, dtype: torch.d
     with torch.no_grad():
         assert rel_err(compiled(**inputs)[0], model(**inputs)[0]) < bound
     return compiled
+
+
+def tiny_with_more_blocks(name: str, extra: int):
+    """A tiny DiT with ``extra`` more blocks of each list (fresh weights), so that blocks repeat."""
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    model = workload.model("tiny")
+    for blocks in (model.transformer_blocks, getattr(model, "single_transformer_blocks", None)):
+        if blocks is not None:
+            template = blocks[0]
+            for _ in range(extra):
+                clone = copy.deepcopy(template)
+                for p in clone.parameters():
+                    torch.nn.init.normal_(p, std=0.05)
+                blocks.append(clone)
+    return workload, model

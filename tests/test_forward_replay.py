@@ -13,33 +13,20 @@ import kopt
 from kopt.config import WeightCheck
 from kopt.forward_replay import ForwardReplay, ReplayGuard, fixed_key
 from kopt.regional import KoptRegional
-from tests.conftest import rel_err
+from tests.conftest import rel_err, tiny_model_and_inputs, tiny_with_more_blocks
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def _tiny_flux(device: str = "cpu", extra: int = 2):
     """The zoo's tiny FLUX.2 with ``extra`` more blocks per list (fresh weights), float32."""
-    from kopt.workloads import get_workload
-
-    workload = get_workload("flux2")
-    torch.manual_seed(0)
-    model = workload.model("tiny")
-    for blocks in (model.transformer_blocks, model.single_transformer_blocks):
-        for _ in range(extra):
-            clone = copy.deepcopy(blocks[0])
-            for p in clone.parameters():
-                torch.nn.init.normal_(p, std=0.05)
-            blocks.append(clone)
+    workload, model = tiny_with_more_blocks("flux2", extra)
     return workload, model.to(device).eval()
 
 
 def _tiny(name: str, device: str):
-    from kopt.workloads import get_workload
-
-    workload = get_workload(name)
-    torch.manual_seed(0)
-    return workload, workload.model("tiny").to(device).eval()
+    workload, model, _ = tiny_model_and_inputs(name, seed=0)
+    return workload, model.to(device).eval()
 
 
 def _inputs(workload, device: str):

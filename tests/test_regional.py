@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 import kopt
 from kopt.regional import KoptRegional, repeated_blocks
-from tests.conftest import rel_err
-
-
-def _deeper(name: str, extra: int):
-    """A tiny DiT with ``extra`` more blocks of each list (fresh weights), so that blocks repeat."""
-    from kopt.workloads import get_workload
-
-    workload = get_workload(name)
-    torch.manual_seed(0)
-    model = workload.model("tiny")
-    for blocks in (model.transformer_blocks, getattr(model, "single_transformer_blocks", None)):
-        if blocks is not None:
-            template = blocks[0]
-            for _ in range(extra):
-                clone = copy.deepcopy(template)
-                for p in clone.parameters():
-                    torch.nn.init.normal_(p, std=0.05)
-                blocks.append(clone)
-    return workload, model
+from tests.conftest import rel_err, tiny_with_more_blocks
 
 
 @pytest.mark.parametrize("name", ["flux2", "qwen-image"])
 def test_one_graph_per_block_class_serves_every_block_with_its_own_weights(name):
-    workload, model = _deeper(name, extra=3)
+    workload, model = tiny_with_more_blocks(name, extra=3)
     inputs = workload.inputs("tiny", seed=int(torch.randint(1 << 30, ())))
     with torch.no_grad():
         want = model(**inputs)[0]

@@ -71,7 +71,8 @@ def row_blocks(stacked: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[tor
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)
+            and a.storage_offset() == b.storage_offset() and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
 def _stacks(derived: Sequence[tuple[str, torch.Tensor]], records: Mapping[str, Derivation],

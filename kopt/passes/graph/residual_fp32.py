@@ -17,8 +17,8 @@ through their residual operand, also across ``cat`` and ``slice`` of stream valu
 stream of the single blocks); a chain needs two steps or more (one step alone would round at once).
 
 Cost: the stream is read and written in 4 bytes instead of 2 by the steps. Runs after
-``fuse-gated-residual`` (whose ops it widens) and before ``staging``. Contract: tolerance (judged against the higher-precision reference, where it is the
-closer of the two).
+``fuse-gated-residual`` (whose ops it widens) and before ``staging``. Contract: tolerance (judged
+against the higher-precision reference, where it is the closer of the two).
 """
 
 from __future__ import annotations
