@@ -32,7 +32,7 @@ from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.graphs import ProbedGraph, capture_graphs
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
 from kopt.agent.kb.records import Measurement
-from kopt.agent.micro import MicroBench
+from kopt.agent.micro import MicroBench, timing_config
 from kopt.agent.pipeline_choice import rebased, same_pipeline
 from kopt.agent.pool import AUTO, Ahead, Lookahead, VerifyEvent, VerifyJob, VerifyOutcome, make_executor, timing_gpu
 from kopt.agent.pool.job import travels
@@ -222,7 +222,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         timing_device = next((a.device for g in graphs for a in g.args if isinstance(a, torch.Tensor)),
                              torch.device("cpu"))
         device = timing_device.type
-        bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed) if micro else None
+        bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed,
+                           timing=timing_config(timing_device)) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""

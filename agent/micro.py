@@ -7,8 +7,8 @@ is ``min_gain`` (1%): the region-level speedup's median must reach it. The numbe
 as the record's ``micro`` measurement (candidate ms per call, the original's as baseline).
 
 Clocks: the sandboxed harness (:func:`kopt.agent.verify.time_candidate`, a fresh child process per
-candidate; the original region is timed once per region and cached) or, with the deterministic cost
-model, its region times (:meth:`kopt.agent.cost_model.CostModel.candidate_s`).
+candidate, on the device the model runs on; the original region is timed once per region and cached)
+or, with the deterministic cost model, its region times (:meth:`kopt.agent.cost_model.CostModel.candidate_s`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,20 @@ import random
 import statistics
 from typing import Any
 
+import torch
+
 from kopt.agent.bench import bootstrap_median
 from kopt.agent.candidate import Candidate, original_candidate
 from kopt.agent.kb.records import Measurement
+from kopt.agent.verify.config import TimingConfig
+
+
+def timing_config(device: torch.device) -> TimingConfig:
+    """Time region candidates where the model runs: a CPU time says nothing about a GPU kernel."""
+    if device.type != "cuda":
+        return TimingConfig()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return TimingConfig(device=f"cuda:{index}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +45,8 @@ class MicroBench:
     """Region-level timing of candidates, the original's timing cached per region."""
 
     def __init__(self, clock: Any, verify_config: Any = None, *, min_gain: float = 0.01, resamples: int = 1000,
-                 seed: int = 0) -> None:
-        self.clock, self.verify_config, self.min_gain = clock, verify_config, min_gain
+                 seed: int = 0, timing: Any = None) -> None:
+        self.clock, self.verify_config, self.min_gain, self.timing = clock, verify_config, min_gain, timing
         self.resamples, self.seed = resamples, seed
         self._original_ms: dict[str, list[float]] = {}
 
@@ -48,7 +59,7 @@ class MicroBench:
     def _harness_ms(self, region: Any, candidate: Candidate) -> list[float] | str:
         from kopt.agent.verify import time_candidate
 
-        timing, checks = time_candidate(region, candidate, self.verify_config)
+        timing, checks = time_candidate(region, candidate, self.verify_config, self.timing)
         if timing is None:
             failed = next((c for c in checks if not c.passed), None)
             return f"timing failed: {failed.name}: {failed.detail}" if failed else "timing failed"

@@ -67,7 +67,7 @@ SDPA_OP = torch.ops.kopt_agent.sdpa.default
 
 def _arguments(node: torch.fx.Node) -> dict[str, object]:
     names = [a.name for a in node.target._schema.arguments]
-    bound = dict(zip(names, node.args))
+    bound = dict(zip(names, node.args, strict=False))  # trailing defaults may be left out
     bound.update(node.kwargs)
     return bound
 

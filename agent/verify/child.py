@@ -23,6 +23,15 @@ Order matters, and each step says why it sits where it does:
    tensor or tuple subclass would run candidate code in this thread) and copy them to snapshots;
 8. at the end: wait, copy what the candidate returned once more (late writes, reused buffers),
    write the report with the nonce, ``os._exit`` (no atexit hooks, no finalizers).
+
+On a GPU (``manifest["device"]`` is ``cuda:N``; timing only, never verification) the harness copies
+each input set to the device before the candidate loads, synchronizes the whole device after every
+call before it stops the clock (work left on a side stream is timed), and copies the device inputs
+back into their files at the end (a write into an input reaches the parent's byte comparison). The
+address-space limit, Landlock and the audit hook stay off there: CUDA reserves far more address
+space than the limit allows, and Triton's JIT writes its cache and runs ``ptxas`` as a process. That
+is no weaker than what follows: a timed candidate has passed the walled CPU verification, and the
+end-to-end A/B runs it inside the model's own process.
 """
 
 import _thread
@@ -81,6 +90,18 @@ def _import_candidate(path):
     return vars(module)
 
 
+def _to_device(torch, tensor, device):
+    """A copy of ``tensor`` on ``device`` with the same sizes and strides (broadcast dims stay)."""
+    copy = torch.empty_strided(tuple(tensor.size()), tuple(tensor.stride()), dtype=tensor.dtype, device=device)
+    return copy.copy_(tensor)
+
+
+def _poisoned_like(torch, tensor, device):
+    """An ``out=`` buffer on ``device`` laid out like its file slot and poisoned as the slot is."""
+    buffer = torch.empty_strided(tuple(tensor.size()), tuple(tensor.stride()), dtype=tensor.dtype, device=device)
+    return buffer.fill_(float("nan") if buffer.is_floating_point() else 7)
+
+
 def _setup(manifest):
     """Steps 2-4: network, torch, mapped slots. Returns (torch, notes, sets, calls)."""
     guard = _load_guard(manifest["guard"])
@@ -95,6 +116,11 @@ def _setup(manifest):
     torch.set_num_threads(manifest["threads"])
     torch.set_grad_enabled(False)
     (torch.ones(64) @ torch.ones(64)).item()
+    device = manifest["device"]
+    if device != "cpu":  # CUDA, cuBLAS and the caching allocator start here, not inside a timed call
+        torch.cuda.set_device(device)
+        square = torch.ones(64, 64, device=device, dtype=torch.bfloat16)
+        (square @ square).float().sum().item()
 
     def mapped(path, nbytes):
         return torch.from_file(path, shared=True, size=max(nbytes, 1), dtype=torch.uint8)
@@ -107,8 +133,12 @@ def _setup(manifest):
     late_file = mapped(manifest["files"]["late"], manifest["late_bytes"])
     sets = []
     for entry in manifest["sets"]:
-        inputs = [view(mapped(slot["path"], slot["nbytes"]), dict(slot, offset=0)) for slot in entry["inputs"]]
-        sets.append({"inputs": tuple(inputs), "late": [view(late_file, s) for s in entry["late"]], "returned": None})
+        files = [view(mapped(slot["path"], slot["nbytes"]), dict(slot, offset=0)) for slot in entry["inputs"]]
+        late = [view(late_file, s) for s in entry["late"]]
+        on_device = device != "cpu"
+        sets.append({"files": tuple(files), "late_files": late, "returned": None,
+                     "inputs": tuple(_to_device(torch, t, device) for t in files) if on_device else tuple(files),
+                     "late": [_poisoned_like(torch, t, device) for t in late] if on_device else late})
     calls = [{"set": c["set"], "snap": [view(snap_file, s) for s in c["snap"]]} for c in manifest["calls"]]
     return guard, torch, notes, sets, calls
 
@@ -121,9 +151,12 @@ def run(workdir, nonce):  # noqa: C901, PLR0915 - one straight sequence, comment
     out_fd = os.dup(1)
     guard, torch, notes, sets, calls = _setup(manifest)
     status_fd = os.open("/proc/self/status", os.O_RDONLY)
-    limits = manifest["limits"]
-    notes.append(guard.limit_resources(limits["memory_bytes"], limits["cpu_seconds"], limits["file_bytes"]))
-    notes.append(guard.restrict_filesystem(manifest["read_paths"]))
+    limits, device = manifest["limits"], manifest["device"]
+    walled = device == "cpu"
+    notes.append(guard.limit_resources(limits["memory_bytes"] if walled else None, limits["cpu_seconds"],
+                                       limits["file_bytes"]))
+    notes.append(guard.restrict_filesystem(manifest["read_paths"]) if walled else
+                 "files: not restricted (timing on a GPU: Triton's JIT writes its cache)")
     integrity = guard.Integrity(torch)
 
     # -- step 5: everything used below is bound here, before any candidate code exists -------------
@@ -140,7 +173,7 @@ def run(workdir, nonce):  # noqa: C901, PLR0915 - one straight sequence, comment
     gc_disable, gc_callbacks, changes = gc.disable, gc.callbacks, integrity.changes
     out_convention, timeout, entry_point = manifest["convention"] == "out", manifest["call_timeout_s"], \
         manifest["entry_point"]
-    device = manifest["device"]
+    synchronize = torch.cuda.synchronize if not walled else (lambda: None)
 
     def os_threads():
         for line in pread(status_fd, 8192, 0).split(b"\n"):
@@ -202,8 +235,12 @@ def run(workdir, nonce):  # noqa: C901, PLR0915 - one straight sequence, comment
         return "tampering: " + "; ".join(changed[:8]) if changed else None
 
     gc_disable()  # gc callbacks and cyclic finalizers would run candidate code in this thread
-    recorder = guard.install_audit_hook(_thread.get_ident(), manifest["read_paths"])
-    notes.append("operations: audit hook on every thread but the harness's (in-process)")
+    if walled:
+        recorder = guard.install_audit_hook(_thread.get_ident(), manifest["read_paths"])
+        notes.append("operations: audit hook on every thread but the harness's (in-process)")
+    else:
+        recorder = guard.AuditRecorder()
+        notes.append("operations: no audit hook (timing on a GPU: Triton's JIT runs ptxas as a process)")
     runner_call = Runner().call
     threads_before = os_threads()
     report, keep_alive = {"notes": notes, "calls": [], "load_error": None, "stopped": None}, []
@@ -223,10 +260,12 @@ def run(workdir, nonce):  # noqa: C901, PLR0915 - one straight sequence, comment
         current = sets[call["set"]]
         if not out_convention:  # poison the allocator: a fresh torch.empty likely reuses these NaN blocks
             for slot in call["snap"]:
-                full(tuple_(size_of(slot)), nan if is_float(slot) else 7, dtype=dtype_of(slot))
+                full(tuple_(size_of(slot)), nan if is_float(slot) else 7, dtype=dtype_of(slot), device=device)
         kwargs = {"out": tuple_(current["late"])} if out_convention else {}
         start = perf_ns()
         result = runner_call(fn, current["inputs"], kwargs, timeout)
+        if result != "timeout":
+            synchronize()  # the whole device: work a candidate left on another stream is timed too
         elapsed = perf_ns() - start
         keep_alive.append(result)
         entry = {"set": call["set"], "ns": elapsed}
@@ -266,9 +305,17 @@ def run(workdir, nonce):  # noqa: C901, PLR0915 - one straight sequence, comment
         stop = settle({})
     if stop is None and not out_convention:
         for current in sets:
-            for slot, t in zip_(current["late"], current["returned"] or ()):
+            for slot, t in zip_(current["late_files"], current["returned"] or ()):
                 if size_of(t) == size_of(slot) and dtype_of(t) == dtype_of(slot) and str_(device_of(t)) == device:
                     copy(slot, t)
+    if stop is None and not walled:  # device buffers back into the files the parent reads
+        synchronize()
+        for current in sets:
+            for file_view, t in zip_(current["files"], current["inputs"]):
+                copy(file_view, t)
+            if out_convention:
+                for file_view, t in zip_(current["late_files"], current["late"]):
+                    copy(file_view, t)
     report["stopped"] = stop
     finish(report)
 

@@ -59,9 +59,17 @@ class TimingConfig:
             candidate that caches a result returns it for the wrong inputs and fails the check
             every timed call gets.
         rounds: timed passes over the input sets (samples = input_sets x rounds).
-        warmup: untimed calls first (lazy initialization, allocator warm-up).
+        warmup: untimed calls first (lazy initialization, allocator warm-up, Triton's JIT).
+        device: where the timed calls run: ``"cpu"``, or ``"cuda:N"`` for a region of a model that runs
+            on that GPU (a CPU time says nothing about a GPU kernel). Verification always runs on the
+            CPU behind every wall; :mod:`kopt.agent.verify.child` says which walls timing on a GPU keeps.
     """
 
     input_sets: int = 4
     rounds: int = 5
     warmup: int = 2
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.device != "cpu" and not self.device.startswith("cuda:"):
+            raise ValueError(f"TimingConfig.device must be 'cpu' or 'cuda:N', got {self.device!r}")

@@ -104,16 +104,18 @@ def restrict_filesystem(read_paths: list[str]) -> str:
     return f"files: read-only allow-list, no writes (Landlock ABI {abi}, kernel){extras}"
 
 
-def limit_resources(memory_bytes: int, cpu_seconds: int, file_bytes: int) -> str:
-    """Address space (on top of what is mapped now), CPU time, file size; no core dumps."""
+def limit_resources(memory_bytes: int | None, cpu_seconds: int, file_bytes: int) -> str:
+    """Address space (on top of what is mapped now; None: no limit, as CUDA needs), CPU time, file
+    size; no core dumps."""
     with open("/proc/self/statm") as handle:
         mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    limits = ((resource.RLIMIT_AS, mapped + memory_bytes), (resource.RLIMIT_CPU, cpu_seconds),
-              (resource.RLIMIT_FSIZE, file_bytes), (resource.RLIMIT_CORE, 0))
+    limits = [(resource.RLIMIT_CPU, cpu_seconds), (resource.RLIMIT_FSIZE, file_bytes), (resource.RLIMIT_CORE, 0)]
+    if memory_bytes is not None:
+        limits.append((resource.RLIMIT_AS, mapped + memory_bytes))
     for kind, value in limits:
         resource.setrlimit(kind, (value, value))
-    return (f"resources: +{memory_bytes >> 20} MiB address space, {cpu_seconds} s CPU, "
-            f"{file_bytes >> 20} MiB files (rlimits, kernel)")
+    space = "no address-space limit" if memory_bytes is None else f"+{memory_bytes >> 20} MiB address space"
+    return f"resources: {space}, {cpu_seconds} s CPU, {file_bytes >> 20} MiB files (rlimits, kernel)"
 
 
 _DENIED_EVENTS = frozenset({

@@ -47,11 +47,19 @@ class ChildRun:
         return f"the process ended (exit code {code}) before the harness reported"
 
 
-def child_environment(root: Path, threads: int, cuda_devices: str | None = None) -> dict[str, str]:
+_GPU_PASS_THROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH")
+
+
+def child_environment(root: Path, threads: int, cuda_devices: str | None = None,
+                      gpu: bool = False) -> dict[str, str]:
     """The child's whole environment; ``cuda_devices`` (a pool worker's GPU) becomes its
-    ``CUDA_VISIBLE_DEVICES``: the fork server never initializes CUDA, so a fork still picks it up."""
-    interpret = os.environ.get("TRITON_INTERPRET", "1")
+    ``CUDA_VISIBLE_DEVICES``: the fork server never initializes CUDA, so a fork still picks it up.
+    A child that times on a GPU (``gpu``) runs Triton compiled, not interpreted, and keeps the
+    variables that tell CUDA and Triton where the driver and ``ptxas`` are."""
+    interpret = "0" if gpu else os.environ.get("TRITON_INTERPRET", "1")
     pinned = {} if cuda_devices is None else {"CUDA_VISIBLE_DEVICES": cuda_devices}
+    if gpu:
+        pinned.update({k: os.environ[k] for k in _GPU_PASS_THROUGH if k in os.environ})
     return {**pinned, "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(root / "home"), "TMPDIR": str(root / "home"),
             "LANG": "C.UTF-8", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
             "TRITON_INTERPRET": interpret, "TRITON_CACHE_DIR": str(root / "home" / "triton"),
@@ -78,9 +86,12 @@ def _report(text: str, nonce: str) -> dict | None:
 
 
 def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None = None,
-              fresh_interpreter: bool = False, cuda_devices: str | None = None) -> ChildRun:
+              fresh_interpreter: bool = False, cuda_devices: str | None = None, gpu: bool = False) -> ChildRun:
     """Run the child on the prepared work folder ``root`` and collect its report: forked from the fork
-    server (:mod:`kopt.agent.verify.forkserver`), or as a new interpreter with ``fresh_interpreter``."""
+    server (:mod:`kopt.agent.verify.forkserver`), or as a new interpreter with ``fresh_interpreter``
+    (required with ``gpu``: CUDA is initialized per process, never inherited through a fork)."""
+    if gpu and not fresh_interpreter:
+        raise ValueError("a child that runs on a GPU must be a fresh interpreter")
     nonce = secrets.token_hex(16)
     stdout_path, stderr_path = root / "stdout.txt", root / "stderr.txt"
     started = time.monotonic()
@@ -94,7 +105,7 @@ def run_child(root: Path, *, timeout_s: float, threads: int, python: str | None 
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen([python or sys.executable, "-I", str(CHILD), str(root)], stdin=subprocess.PIPE,
                                    stdout=stdout, stderr=stderr, cwd=str(root / "home"),
-                                   env=child_environment(root, threads, cuda_devices),
+                                   env=child_environment(root, threads, cuda_devices, gpu),
                                    start_new_session=True)
         timed_out = False
         try:

@@ -46,7 +46,7 @@ def static_checks(region: Region, candidate: Candidate) -> list[CheckResult]:
 
 
 def _prepare(root: Path, region: Region, candidate: Candidate, config: VerifyConfig,
-             plans: list[TrialPlan], calls_per_set: int, warmup: int) -> WorkDir:
+             plans: list[TrialPlan], calls_per_set: int, warmup: int, device: str = "cpu") -> WorkDir:
     work = WorkDir(root)
     for plan in plans:
         inputs = trial_inputs(region, plan)
@@ -56,7 +56,7 @@ def _prepare(root: Path, region: Region, candidate: Candidate, config: VerifyCon
     for _ in range(calls_per_set):
         for index in range(len(plans)):
             work.add_call(index)
-    work.write(candidate, config, python_read_paths())
+    work.write(candidate, config, python_read_paths(), device)
     return work
 
 
@@ -117,15 +117,16 @@ def time_candidate(region: Region, candidate: Candidate, config: VerifyConfig | 
     """Time ``candidate`` at the region's own shapes in a fresh child process: the harness reads the
     clock around each call (the candidate cannot patch it: it was bound before the candidate was
     loaded, and any patch is reported), every call gets its own freshly generated input set, and
-    every timed call's output is checked, so caching and work hidden after the return both fail."""
+    every timed call's output is checked, so caching and work hidden after the return both fail.
+    ``timing.device`` says where the calls run (a GPU for a model on the GPU)."""
     config, timing = config or VerifyConfig(), timing or TimingConfig()
     base = config.seed if config.seed is not None else time.time_ns() % 2**31
     plans = [TrialPlan((), (Profile.NORMAL,) * len(region.inputs), base + k) for k in range(timing.input_sets)]
     with tempfile.TemporaryDirectory(prefix="kopt-time-") as folder:
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=timing.rounds,
-                        warmup=timing.warmup)
+                        warmup=timing.warmup, device=timing.device)
         run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python,
-                        fresh_interpreter=True, cuda_devices=config.cuda_devices)
+                        fresh_interpreter=True, cuda_devices=config.cuda_devices, gpu=timing.device != "cpu")
         checks, _ = _trial_checks(run, work, region, candidate, config, plans, timing.warmup)
     checks = [CheckResult(f"timing-{c.name}", c.passed, c.detail, c.trial, c.numbers) for c in checks]
     if run.report is None or not all(c.passed for c in checks):

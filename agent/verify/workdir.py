@@ -115,8 +115,9 @@ class WorkDir:
         flat = storage[slot["offset"]: slot["offset"] + slot["nbytes"]].view(getattr(torch, slot["dtype"]))
         return flat.as_strided(slot["shape"], slot["stride"])
 
-    def write(self, candidate: Candidate, config: VerifyConfig, read_paths: list[str]) -> None:
-        """The candidate file, the poisoned output files and the manifest."""
+    def write(self, candidate: Candidate, config: VerifyConfig, read_paths: list[str], device: str = "cpu") -> None:
+        """The candidate file, the poisoned output files and the manifest (``device``: where the child
+        runs the calls; the files stay on the host either way)."""
         source_path = self.root / "candidate" / "candidate.py"
         source_path.write_text(candidate.source)
         for name, nbytes in (("snap", self.snap_bytes), ("late", self.late_bytes)):
@@ -130,7 +131,7 @@ class WorkDir:
                 _poison(self._view(late, slot))
         manifest = {
             "guard": str(GUARD), "candidate": str(source_path), "entry_point": candidate.entry_point,
-            "convention": candidate.convention.value, "device": "cpu", "threads": config.threads,
+            "convention": candidate.convention.value, "device": device, "threads": config.threads,
             "preimport": ["numpy", "triton", "triton.language"] if candidate.kind.value == "triton-kernel" else [],
             "limits": {"memory_bytes": config.memory_mb << 20, "cpu_seconds": config.cpu_seconds,
                        "file_bytes": 8 << 20},
