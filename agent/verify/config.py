@@ -24,7 +24,8 @@ class VerifyConfig:
             may exceed the bound (catching partial writes a norm would average away).
         seed: fix the trial plan and input values (None: fresh randomness every verification).
         timeout_s: wall-clock limit of the whole child process (startup, import, every trial).
-        call_timeout_s: limit of one call (a candidate that sleeps is stopped here).
+        call_timeout_s: limit of one call (a candidate that sleeps is stopped here); generous, because
+            a Triton candidate verified on the CPU runs in Triton's interpreter.
         memory_mb: address space the child may map beyond what torch needs after import.
         cpu_seconds: CPU-time limit of the child (a backstop to the timeouts).
         late_wait_s: how long the harness waits after the last call before it re-reads the outputs
@@ -40,8 +41,8 @@ class VerifyConfig:
     nonfinite_inputs: bool = True
     slack: Slack = Slack()
     seed: int | None = None
-    timeout_s: float = 120.0
-    call_timeout_s: float = 20.0
+    timeout_s: float = 240.0
+    call_timeout_s: float = 60.0
     memory_mb: int = 2048
     cpu_seconds: int = 300
     late_wait_s: float = 0.05
