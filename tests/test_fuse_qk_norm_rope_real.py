@@ -13,7 +13,7 @@ from kopt.fx.capture import trace_function
 from kopt.fx.graph_utils import refresh_meta
 from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
 from kopt.passes.manager import run_passes
-from tests.conftest import compile_close_to_eager, rel_err
+from tests.conftest import compile_close_to_eager, rel_err, tiny_model_and_inputs
 
 FUSED = ["redundancy", "sibling-merge", "bias-absorption", "fuse-qk-norm-rope-real", "staging"]
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -158,3 +158,38 @@ def test_rope_without_a_norm_is_declined_with_the_reason():
     (record,) = run_passes(graph_module, [FuseQKNormRopeReal()], strict=True)
     assert record.total_matches == 0 and len(record.near_misses) == 1
     assert "RMSNorm" in record.near_misses[0].reason
+
+
+def test_heads_flattened_form_is_one_head_of_width_h_times_d():
+    """LTX-Video's spelling: RMSNorm across all heads of (B, S, H*D), (1, S, H*D) tables, pairs from
+    ``unflatten(2, (-1, 2))``. Fused as one head of width H*D; closer to the float32 reference than
+    the bf16 graph it replaces, which rounds the norm's output before rotating it."""
+    from diffusers.models.transformers.transformer_ltx import apply_rotary_emb as ltx_rotary
+
+    width, s = 48, 7
+    norm = _norm(width, torch.bfloat16, 13)
+    cos, sin = (t[None] for t in _tables(s, width, 14))
+
+    def region(x):
+        return ltx_rotary(norm(x), (cos, sin))
+
+    graph_module = trace_function(region, torch.randn(2, s, width).bfloat16())
+    (record,) = run_passes(graph_module, [FuseQKNormRopeReal()], strict=True)
+    assert record.matches == {"qk-norm-rope-real": 1}, record.near_misses
+    assert not _targets(graph_module) & {torch.ops.aten.unbind.int, torch.ops.aten.stack.default}
+    fresh = (torch.randn(2, s, width) * 2 + 0.3).bfloat16()
+    norm32 = _norm(width, torch.float32, 13)
+    exact = ltx_rotary(norm32(fresh.float()), (cos, sin))
+    fused, unfused = graph_module(fresh), region(fresh)
+    assert fused.shape == unfused.shape and fused.dtype == torch.bfloat16
+    assert rel_err(fused.float(), exact) <= rel_err(unfused.float(), exact) * 1.05 + 1e-4
+    assert rel_err(fused.float(), exact) < 1e-2
+
+
+def test_fires_on_every_q_and_k_of_tiny_ltx_video():
+    """Self-attention rotates Q and K; cross-attention normalizes them without RoPE (no match there)."""
+    compiled = compile_close_to_eager("ltx-video", 2e-2, seed=15, dtype=torch.bfloat16,
+                                      passes=["redundancy", "sibling-merge", "fuse-qk-norm-rope-real"])
+    (record,) = compiled.kopt_report.pass_records("fuse-qk-norm-rope-real")
+    blocks = len(tiny_model_and_inputs("ltx-video", seed=15)[1].transformer_blocks)
+    assert record.matches == {"qk-norm-rope-real": 2 * blocks}, record.near_misses

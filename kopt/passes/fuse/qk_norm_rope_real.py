@@ -12,6 +12,10 @@ the concatenated text + image Q after normalizing each stream with its own weigh
 
 which writes every stream's rows straight into the joint attention buffer (no concatenation).
 
+With the heads still flattened (LTX-Video's form: ``n`` is (B, S, H*D), normalized across heads,
+``cos``/``sin`` are (1, S, H*D) tables and the pairs are ``n.unflatten(2, (-1, 2))``), the region is
+the same computation with one head of width H*D: x is viewed as (B, S, 1, H*D) for the kernel.
+
 Why it is valid: ``cos``/``sin`` are (S, D) tables broadcast over batch and heads (checked on the
 shapes), the rotation pairs interleaved elements exactly as the kernel's ``mode="real"`` (checked
 on the graph: unbind of the last dim of a (..., D/2, 2) view, stacked as (-odd, even)), and the
@@ -68,18 +72,20 @@ def _rotated_source(stack: torch.fx.Node) -> torch.fx.Node | str:
     return pairs.args[0]
 
 
-def _table(broadcast: object, s: object, d: int) -> torch.fx.Node | str:
-    """The (S, D) table behind ``table[None, :, None, :]`` (a chain of unsqueezes), or why not.
-    Sizes are compared without adding guards (:func:`~kopt.fx.symbolic.same_sizes`)."""
+def _table(broadcast: object, s: object, d: int, flat: bool) -> torch.fx.Node | str:
+    """The (S, D) (or (1, S, D)) table behind ``table[None, :, None, :]`` (a chain of unsqueezes;
+    ``[None]`` or nothing when the heads are ``flat``), or why not. Sizes are compared without adding
+    guards (:func:`~kopt.fx.symbolic.same_sizes`)."""
     node = broadcast
     while isinstance(node, torch.fx.Node) and node.target is aten.unsqueeze.default:
         node = node.args[0]
     value = meta_value(node)
-    if value is None or not same_sizes(value.shape, (s, d)):
+    if value is None or not (same_sizes(value.shape, (s, d)) or same_sizes(value.shape, (1, s, d))):
         return f"the table is not an (S, D) = ({s}, {d}) tensor broadcast over batch and heads"
     broadcast_shape = meta_value(broadcast).shape
-    if not (same_sizes(broadcast_shape, (1, s, 1, d)) or same_sizes(broadcast_shape, (s, 1, d))):
-        return "the table is not broadcast as [None, :, None, :]"
+    shapes = ((1, s, d), (s, d)) if flat else ((1, s, 1, d), (s, 1, d))
+    if not any(same_sizes(broadcast_shape, shape) for shape in shapes):
+        return "the table is not broadcast over batch and heads alone"
     return node  # type: ignore[return-value]
 
 
@@ -104,12 +110,13 @@ def match(stack: torch.fx.Node) -> tuple | str:
     if isinstance(n, str):
         return n
     n_val = meta_value(n)
-    if n_val is None or n_val.dim() != 4:
-        return "the rotated value is not (B, S, H, D)"
-    _, s, _, d = n_val.shape
+    if n_val is None or n_val.dim() not in (3, 4):
+        return "the rotated value is neither (B, S, H, D) nor (B, S, H*D)"
+    flat = n_val.dim() == 3
+    s, d = n_val.shape[1], n_val.shape[-1]
     rotated = only_user(stack)
     if rotated is None or rotated.target not in RESHAPES or not same_sizes(meta_value(rotated).shape, n_val.shape):
-        return "the stacked halves are not viewed back to (B, S, H, D)"
+        return "the stacked halves are not viewed back to the rotated value's shape"
     rotated_cast = only_user(rotated)
     while rotated_cast is not None and is_cast(rotated_cast):
         rotated, rotated_cast = rotated_cast, only_user(rotated_cast)
@@ -125,7 +132,7 @@ def match(stack: torch.fx.Node) -> tuple | str:
     if found is None:
         return "the sum is not n * cos + rotate(n) * sin"
     _, cos_b = found
-    cos, sin = _table(cos_b, s, d), _table(sin_b, s, d)
+    cos, sin = _table(cos_b, s, d, flat), _table(sin_b, s, d, flat)
     if isinstance(cos, str) or isinstance(sin, str):
         return cos if isinstance(cos, str) else sin  # type: ignore[return-value]
     result = total
@@ -135,6 +142,8 @@ def match(stack: torch.fx.Node) -> tuple | str:
     segments = _segments(n)
     if isinstance(segments, str):
         return segments
+    if flat and len(segments) > 1:
+        return "joint streams with their heads flattened (no kernel writes those)"
     result_val = meta_value(result)
     if (result_val is None or result_val.dtype != meta_value(segments[0][0]).dtype
             or not same_sizes(result_val.shape, n_val.shape)):
@@ -166,8 +175,12 @@ def _segments(n: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node | Non
 
 
 def _float_table(graph: torch.fx.Graph, table: torch.fx.Node) -> torch.fx.Node:
-    """The table as float32 (the kernel's table dtype; the unfused graph promotes to it anyway)."""
-    if meta_value(table).dtype == torch.float32:
+    """The table as a float32 (S, D) tensor (the kernel's table dtype; the unfused graph promotes to it
+    anyway)."""
+    value = meta_value(table)
+    if value.dim() == 3:  # (1, S, D): checked by the match
+        table = graph.call_function(aten.squeeze.dim, (table, 0))
+    if value.dtype == torch.float32:
         return table
     return graph.call_function(aten._to_copy.default, (table,), {"dtype": torch.float32})
 
@@ -190,8 +203,12 @@ class FuseQKNormRopeReal(Pass):
                 cos32, sin32 = _float_table(graph, cos), _float_table(graph, sin)
                 if len(segments) == 1:
                     x, weight, eps = segments[0]
+                    flat = meta_value(x).dim() == 3  # heads flattened: one head of width H*D
+                    heads = graph.call_function(aten.unsqueeze.default, (x, 2)) if flat else x
                     fused = graph.call_function(torch.ops.kopt.qk_norm_rope.default,
-                                                (x, weight, cos32, sin32, eps, "real"))
+                                                (heads, weight, cos32, sin32, eps, "real"))
+                    if flat:
+                        fused = graph.call_function(aten.squeeze.dim, (fused, 2))
                 else:
                     coses, sines, offset = [], [], 0
                     for x, *_ in segments:  # each stream's rows of the table; sizes may be symbolic
