@@ -222,8 +222,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         timing_device = next((a.device for g in graphs for a in g.args if isinstance(a, torch.Tensor)),
                              torch.device("cpu"))
         device = timing_device.type
+        timing = timing_config(timing_device)
+        if timing.device != "cpu" and verify_config.device == "cpu":  # generated kernels verify compiled
+            verify_config = dataclasses.replace(verify_config, device=timing.device)
         bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed,
-                           timing=timing_config(timing_device)) if micro else None
+                           timing=timing) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""

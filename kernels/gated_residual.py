@@ -5,7 +5,8 @@ float32 residual stream ``r`` with a bf16/fp16 ``y`` (the ``residual-fp32`` pass
 ``gate``, ``scale`` and ``shift`` of shape (B, N) or (B, 1, N), broadcast over S. Computes::
 
     r_new = r + gate * y                                   # rounded to r.dtype
-    m     = layernorm(r_new) * (1 + scale) + shift         # LayerNorm without affine, eps; y.dtype
+    m     = norm(r_new) * (1 + scale) + shift              # y.dtype
+    norm  = LayerNorm without affine, or RMSNorm without weight with ``rms`` (LTX-Video's form)
 
 This is the seam between sub-blocks in Qwen-Image (``hidden_states + img_gate1 * img_attn_output``
 then ``img_norm2`` + ``_modulate``) and FLUX.2 (``hidden_states + gate_msa * attn_output`` then
@@ -53,14 +54,18 @@ def reference(
     scale: torch.Tensor,
     shift: torch.Tensor,
     eps: float = 1e-6,
+    rms: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager spec: float32 gated add (rounded to r.dtype), float32 LayerNorm + modulation (to y.dtype)."""
+    """Eager spec: float32 gated add (rounded to r.dtype), float32 LayerNorm (RMSNorm with ``rms``) +
+    modulation (to y.dtype)."""
     b, n = r.shape[0], r.shape[-1]
     gate_f = gate.float().reshape(b, 1, n)
     scale_f = scale.float().reshape(b, 1, n)
     shift_f = shift.float().reshape(b, 1, n)
     r_new = (r.float() + gate_f * y.float()).to(r.dtype)
-    normed = torch.nn.functional.layer_norm(r_new.float(), (n,), eps=eps)
+    wide = r_new.float()
+    normed = (wide * torch.rsqrt(wide.square().mean(-1, keepdim=True) + eps) if rms
+              else torch.nn.functional.layer_norm(wide, (n,), eps=eps))
     m = (normed * (1.0 + scale_f) + shift_f).to(y.dtype)
     return r_new, m
 
@@ -82,6 +87,7 @@ def _gated_residual_kernel(
     stride_scale_b,
     stride_shift_b,
     eps,
+    IS_RMS: tl.constexpr,
     ONE_BATCH: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -91,7 +97,7 @@ def _gated_residual_kernel(
     # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) inputs; per-row reductions on axis 1.
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
-                                 stride_gate_b, N, eps)
+                                 stride_gate_b, N, eps, IS_RMS)
     m = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
     tl.store(m_out_ptr + offsets, m.to(m_out_ptr.dtype.element_ty), mask=mask)
 
@@ -123,8 +129,10 @@ def launch(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     config: Config | None = None,
+    rms: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous).
+    """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous);
+    ``rms`` normalizes with RMSNorm instead of LayerNorm.
 
     ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if r.dim() != 3:
@@ -166,12 +174,14 @@ def launch(
             scale.stride(0),
             shift.stride(0),
             float(eps),
+            IS_RMS=bool(rms),
             ONE_BATCH=one_batch(b, s, cfg),
             **cfg, **launch_options(r.device)
         )
 
     rows = pow2_bucket(n_rows)
-    key = shape_key(n=n, rows=rows, dtype=r.dtype, **({} if y.dtype == r.dtype else {"y": y.dtype}))
+    key = shape_key(n=n, rows=rows, dtype=r.dtype, **({} if y.dtype == r.dtype else {"y": y.dtype}),
+                    **({"rms": 1} if rms else {}))
     _autotune.launch_tuned("gated_residual", key, candidates(n, rows), run, (r_out, m_out), r.device, config)
     return r_out, m_out
 
@@ -185,16 +195,18 @@ def gated_residual(
     scale: torch.Tensor,
     shift: torch.Tensor,
     eps: float = 1e-6,
+    rms: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r + gate*y, layernorm(r + gate*y) * (1 + scale) + shift)``; Triton on CUDA, else reference."""
+    """``(r + gate*y, norm(r + gate*y) * (1 + scale) + shift)``, norm a LayerNorm or (``rms``) an
+    RMSNorm; Triton on CUDA, else reference."""
     if r.is_cuda:
-        return launch(r, y, gate, scale, shift, eps)
-    r_new, m = reference(r, y, gate, scale, shift, eps)
+        return launch(r, y, gate, scale, shift, eps, rms=rms)
+    r_new, m = reference(r, y, gate, scale, shift, eps, rms)
     return r_new.contiguous(), m.contiguous()
 
 
 @gated_residual.register_fake
-def _(r, y, gate, scale, shift, eps=1e-6):
+def _(r, y, gate, scale, shift, eps=1e-6, rms=False):
     return (
         torch.empty_like(r, memory_format=torch.contiguous_format),
         torch.empty_like(y, memory_format=torch.contiguous_format),

@@ -40,29 +40,32 @@ __all__ = ["gated_residual_quant", "launch", "reference"]
 
 
 def reference(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-              eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              eps: float = 1e-6, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager spec: ``(r_new, q, s)`` with ``q, s`` the row-wise FP8 of the bf16 spec's ``m`` ((B*S, N))."""
-    r_new, m = _bf16.reference(r, y, gate, scale, shift, eps)
+    r_new, m = _bf16.reference(r, y, gate, scale, shift, eps, rms)
     q, s = quantize(m.reshape(-1, m.shape[-1]), Granularity.ROW)
     return r_new, q, s
 
 
 @triton.jit
 def _gated_residual_quant_kernel(r_ptr, y_ptr, gate_ptr, scale_ptr, shift_ptr, r_out_ptr, q_ptr, s_ptr, n_rows, S,
-                                 N, stride_gate_b, stride_scale_b, stride_shift_b, eps, ONE_BATCH: tl.constexpr,
+                                 N, stride_gate_b, stride_scale_b, stride_shift_b, eps, IS_RMS: tl.constexpr,
+                                 ONE_BATCH: tl.constexpr,
                                  ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     begin(PDL)
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
-                                 stride_gate_b, N, eps)
+                                 stride_gate_b, N, eps, IS_RMS)
     m = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
     m = m.to(r_out_ptr.dtype.element_ty).to(tl.float32)  # the bf16 op's m
     store_fp8_rows(m, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM)
 
 
 def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-           eps: float = 1e-6, *, config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the kernel: (r_new (B, S, N), q (B*S, N) float8_e4m3fn, scales (B*S, 1) float32)."""
+           eps: float = 1e-6, *, config: Config | None = None,
+           rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the kernel: (r_new (B, S, N), q (B*S, N) float8_e4m3fn, scales (B*S, 1) float32); ``rms``
+    normalizes with RMSNorm instead of LayerNorm."""
     if r.dim() != 3 or r.dtype not in DTYPES or y.shape != r.shape or y.dtype != r.dtype:
         raise ValueError(f"gated_residual_quant: r and y must be (B, S, N) float tensors of one dtype, got "
                          f"{r.dtype} {tuple(r.shape)} and {y.dtype} {tuple(y.shape)}")
@@ -81,10 +84,10 @@ def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Te
     def run(cfg: Config, *dst: torch.Tensor) -> None:
         _gated_residual_quant_kernel[(triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)](
             r, y, gate, scale, shift, *dst, n_rows, s, n, gate.stride(0), scale.stride(0), shift.stride(0),
-            float(eps), ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(r.device))
+            float(eps), IS_RMS=bool(rms), ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(r.device))
 
     rows = pow2_bucket(n_rows)
-    key = shape_key(n=n, rows=rows, dtype=r.dtype)
+    key = shape_key(n=n, rows=rows, dtype=r.dtype, **({"rms": 1} if rms else {}))
     _autotune.launch_tuned("gated_residual_quant", key, row_candidates(n, rows), run, (r_out, q, scales), r.device,
                            config)
     return r_out, q, scales
@@ -92,16 +95,18 @@ def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Te
 
 @torch.library.custom_op("kopt::gated_residual_quant", mutates_args=())
 def gated_residual_quant(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
-                         shift: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(r + gate*y, fp8 rows of layernorm(r_new)*(1+scale)+shift, their scales)``; Triton on CUDA."""
+                         shift: torch.Tensor, eps: float = 1e-6,
+                         rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(r + gate*y, fp8 rows of norm(r_new)*(1+scale)+shift, their scales)``, norm a LayerNorm or
+    (``rms``) an RMSNorm; Triton on CUDA."""
     if r.is_cuda:
-        return launch(r, y, gate, scale, shift, eps)
-    r_new, q, scales = reference(r, y, gate, scale, shift, eps)
+        return launch(r, y, gate, scale, shift, eps, rms=rms)
+    r_new, q, scales = reference(r, y, gate, scale, shift, eps, rms)
     return r_new.contiguous(), q.contiguous(), scales.contiguous()
 
 
 @gated_residual_quant.register_fake
-def _(r, y, gate, scale, shift, eps=1e-6):
+def _(r, y, gate, scale, shift, eps=1e-6, rms=False):
     rows = r.numel() // r.shape[-1]
     return (torch.empty_like(r, memory_format=torch.contiguous_format), r.new_empty((rows, r.shape[-1]), dtype=FP8),
             r.new_empty((rows, 1), dtype=torch.float32))

@@ -114,7 +114,9 @@ def travels(region: Region) -> bool:
 def run_job(job: VerifyJob, worker: str, cuda_devices: str | None) -> VerifyOutcome:
     """Verify in this process (the sandbox child is pinned to ``cuda_devices``); never raises."""
     started = time.time()
-    config = job.config if cuda_devices is None else dataclasses.replace(job.config, cuda_devices=cuda_devices)
+    config = job.config if cuda_devices is None else dataclasses.replace(
+        job.config, cuda_devices=cuda_devices,
+        device="cpu" if job.config.device == "cpu" else "cuda:0")  # the one GPU the pinned child sees
     try:
         verdict, error = verify(_region(job), job.candidate, config), ""
     except Exception as failure:  # noqa: BLE001 - a worker's failure is the candidate's record, never the run's end

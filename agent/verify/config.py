@@ -34,6 +34,11 @@ class VerifyConfig:
         python: the interpreter for the child (None: the current one).
         cuda_devices: the child's ``CUDA_VISIBLE_DEVICES`` (a worker of :mod:`kopt.agent.pool` pins its
             children to its GPU this way); None leaves it unset, so the child sees every GPU.
+        device: where the trials of a candidate kopt generated itself (origin ``search``: its codegen
+            with other launch parameters) run: ``"cpu"``, or ``"cuda:N"`` when the model runs there. A
+            region whose sizes cannot change is verified at its own shapes, which Triton's interpreter
+            takes minutes for at full size; a compiled kernel takes milliseconds. Every other candidate
+            (an LLM's, a person's) is verified on the CPU behind every wall, whatever this says.
     """
 
     shape_trials: int = 6
@@ -49,6 +54,14 @@ class VerifyConfig:
     threads: int = 1
     python: str | None = None
     cuda_devices: str | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.device != "cpu" and not self.device.startswith("cuda:"):
+            raise ValueError(f"VerifyConfig.device must be 'cpu' or 'cuda:N', got {self.device!r}")
+
+
+GENERATED_ORIGINS = frozenset({"search"})  # proposers whose candidates are kopt's own generated code
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from kopt.agent.candidate import Candidate, Convention
 from kopt.agent.region import Region
 from kopt.agent.verify.checks import call_checks, run_checks
-from kopt.agent.verify.config import TimingConfig, VerifyConfig
+from kopt.agent.verify.config import GENERATED_ORIGINS, TimingConfig, VerifyConfig
 from kopt.agent.verify.plan import TrialPlan, plan_trials
 from kopt.agent.verify.reference import expected_outputs, reference, trial_inputs
 from kopt.agent.verify.sandbox import ChildRun, run_child
@@ -84,6 +84,12 @@ def _trial_checks(run: ChildRun, work: WorkDir, region: Region, candidate: Candi
     return checks, log
 
 
+def trial_device(candidate: Candidate, config: VerifyConfig) -> str:
+    """Where ``candidate``'s trials run: ``config.device`` for code kopt generated, else the CPU, behind
+    every wall (an LLM's or a person's candidate never leaves them)."""
+    return config.device if candidate.origin in GENERATED_ORIGINS else "cpu"
+
+
 def verify(region: Region, candidate: Candidate, config: VerifyConfig | None = None,
            timing: TimingConfig | None = None) -> Verdict:
     """Accept ``candidate`` as a replacement for ``region`` only if every check passes on every
@@ -96,10 +102,14 @@ def verify(region: Region, candidate: Candidate, config: VerifyConfig | None = N
     plans, notes = plan_trials(region, shape_specialized=candidate.shape_specialized, config=config,
                                contract=candidate.contract)
     log = list(notes) + [f"trial {i}: {p.describe()}" for i, p in enumerate(plans)]
+    device = trial_device(candidate, config)
+    if device != "cpu":
+        log.append(f"trials on {device}: a candidate kopt generated (the walls a GPU child keeps: "
+                   f"kopt.agent.verify.child)")
     with tempfile.TemporaryDirectory(prefix="kopt-verify-") as folder:
-        work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=1, warmup=0)
+        work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=1, warmup=0, device=device)
         run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python,
-                        cuda_devices=config.cuda_devices)
+                        cuda_devices=config.cuda_devices, fresh_interpreter=device != "cpu", gpu=device != "cpu")
         found, extra = _trial_checks(run, work, region, candidate, config, plans, 0)
     checks += found
     log += (run.report or {}).get("notes", []) + extra
@@ -135,4 +145,4 @@ def time_candidate(region: Region, candidate: Candidate, config: VerifyConfig | 
     return Timing(samples), checks
 
 
-__all__ = ["Convention", "static_checks", "time_candidate", "verify"]
+__all__ = ["Convention", "static_checks", "time_candidate", "trial_device", "verify"]

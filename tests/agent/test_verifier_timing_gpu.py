@@ -110,3 +110,30 @@ def test_a_triton_kernel_compiles_in_the_timing_child():
                                     VerifyConfig(), ON_GPU)
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
     assert timing is not None and len(timing.samples_ns) == 9
+
+
+def test_only_generated_candidates_leave_the_cpu_walls():
+    """A search (kopt codegen) candidate's trials follow ``VerifyConfig.device``; any other origin is
+    verified on the CPU whatever the setting."""
+    from kopt.agent.verify.verifier import trial_device
+
+    region = _region()
+    source = original_candidate(region, TOL).source
+    for origin, expected in (("search", "cuda:0"), ("llm:claude", "cpu"), ("test", "cpu"), ("human", "cpu")):
+        candidate = Candidate(region.signature, CandidateKind.CODEGEN_VARIANT, source, TOL, origin=origin)
+        assert trial_device(candidate, VerifyConfig(device="cuda:0")) == expected
+        assert trial_device(candidate, VerifyConfig()) == "cpu"
+    with pytest.raises(ValueError, match="cuda:N"):
+        VerifyConfig(device="gpu")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_generated_triton_candidate_verifies_on_the_gpu():
+    from kopt.agent.verify import verify
+
+    region = _region()
+    candidate = Candidate(region.signature, CandidateKind.CODEGEN_VARIANT, TRITON_SOURCE, TOL, origin="search")
+    verdict = verify(region, candidate, VerifyConfig(device="cuda:0", seed=3))
+    assert verdict.accepted, verdict.log
+    assert "trials on cuda:0" in verdict.log

@@ -178,3 +178,19 @@ def test_gpu_op_under_compile():
     args = _inputs(1, 4096, 3072, torch.bfloat16, 81, device="cuda")
     fn = torch.compile(lambda *a: torch.ops.kopt.gated_residual(*a, 1e-6), fullgraph=True)
     _check(fn(*args), mod.reference(*args), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_form_against_float64(dtype):
+    """``rms=True`` (LTX-Video's seam): RMSNorm of the rounded residual, no weight; launch and spec both
+    judged against float64."""
+    r, y, gate, scale, shift = _inputs(2, 6, 136, dtype, 41)
+    wide = [t.double() for t in (r, y, gate, scale, shift)]
+    want_r = (wide[0] + wide[2][:, None] * wide[1]).to(dtype).double()  # the stored residual is rounded
+    want_m = want_r * torch.rsqrt(want_r.square().mean(-1, keepdim=True) + 1e-6) * (1 + wide[3][:, None]) \
+        + wide[4][:, None]
+    for r_new, m in (mod.launch(r, y, gate, scale, shift, eps=1e-6, rms=True),
+                     mod.reference(r, y, gate, scale, shift, eps=1e-6, rms=True)):
+        assert rel_err(r_new, want_r) < TOL[dtype] and rel_err(m, want_m) < TOL[dtype]
+    layer_norm = mod.reference(r, y, gate, scale, shift, eps=1e-6)[1]
+    assert rel_err(layer_norm, want_m) > 10 * TOL[dtype]  # the flag changes what is computed

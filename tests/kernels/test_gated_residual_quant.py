@@ -51,3 +51,12 @@ def test_gpu_production_shape():
     assert rel_err(r_new, r_ref) < 1e-2
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
     assert rel_err(q.float() * s, q_ref.float() * s_ref) < 1e-2
+
+
+def test_rms_norm_form_under_every_launch_config():
+    args = _inputs(2, 5, 40, torch.bfloat16, seed=23)
+    r_ref, q_ref, s_ref = mod.reference(*args, rms=True)
+    for config in row_candidates(40, 16):
+        r_new, q, scales = mod.launch(*args, config=config, rms=True)
+        assert rel_err(r_new, r_ref) < 1e-2
+        assert_fp8_matches(q, scales, q_ref, s_ref, exact=False)

@@ -4,9 +4,10 @@
   → r_new, m = kopt.gated_residual(r, y, gate, scale, shift, eps)
 
 The residual stream is read once and written once instead of written by the add and read back
-by the norm. Valid when the adaLN is the LayerNorm form without weight, ``r`` and ``y`` have the
-same (B, S, N) shape and dtype and ``gate`` is a per-sample (B, 1, N) or (B, N) vector; other
-readers of ``r_new`` read the op's first output, which is the same value. Runs after
+by the norm. Valid when the adaLN's norm has no weight (a LayerNorm, or an RMSNorm as in LTX-Video,
+which the op takes as ``rms``), ``r`` and ``y`` have the same (B, S, N) shape and dtype and ``gate``
+is a per-sample (B, 1, N) or (B, N) vector; other readers of ``r_new`` read the op's first output,
+which is the same value. Runs after
 ``fuse-adaln``, whose ops it consumes. Contract: tolerance — ``r_new`` is rounded to the storage
 dtype before it is normalized, as in the unfused graph, but the norm and modulation are computed
 in float32 and rounded once.
@@ -30,9 +31,9 @@ RULE = "gated-residual"
 
 def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     """(residual_add, r, y, gate) for the region feeding ``adaln``, or why it is not one."""
-    x, _scale, _shift, weight, _eps, rms = adaln.args
-    if rms or weight is not None:
-        return "the norm is an RMSNorm or has a weight"
+    x, _scale, _shift, weight, _eps, _rms = adaln.args
+    if weight is not None:
+        return "the norm has a weight (the fused kernel normalizes without one)"
     found = gated_sum(x)
     if isinstance(found, str):
         return f"the normalized input is {found}"
@@ -40,7 +41,27 @@ def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
     values = [meta_value(n) for n in (r, y)]
     if values[0] is None or values[1] is None or values[0].dim() != 3 or values[0].dtype != values[1].dtype:
         return "residual and y differ in rank or dtype"
-    return x, r, y, gate
+    late = _late_inputs(x, adaln)
+    if late is None:
+        return "the modulation's scale or shift is computed from r + gate * y"
+    return x, r, y, gate, late
+
+
+def _late_inputs(residual_add: torch.fx.Node, adaln: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes computing the modulation's scale and shift that come after ``residual_add``, in graph
+    order (the fused op goes right after ``residual_add``, where some reader of ``r_new`` may already
+    come, so these move up with it); None if one of them depends on ``residual_add`` or has effects."""
+    order = {node: i for i, node in enumerate(residual_add.graph.nodes)}
+    cone, stack = set(), [a for a in adaln.args[1:3] if isinstance(a, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in cone or order[node] < order[residual_add]:
+            continue
+        if node is residual_add or node.op not in ("call_function", "get_attr") or node.is_impure():
+            return None
+        cone.add(node)
+        stack.extend(node.all_input_nodes)
+    return sorted(cone, key=order.__getitem__)
 
 
 class FuseGatedResidual(Pass):
@@ -51,10 +72,18 @@ class FuseGatedResidual(Pass):
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
         target = torch.ops.kopt.adaln_modulation.default
-        for adaln, (residual_add, r, y, gate) in accepted_matches(graph, target, match, ctx, RULE):
-            _, scale, shift, _, eps, _ = adaln.args
-            with graph.inserting_before(adaln):
-                fused = graph.call_function(torch.ops.kopt.gated_residual.default, (r, y, gate, scale, shift, eps))
+        for adaln, (residual_add, r, y, gate, _) in accepted_matches(graph, target, match, ctx, RULE):
+            _, scale, shift, _, eps, rms = adaln.args
+            late = _late_inputs(residual_add, adaln)  # again: an earlier rewrite may have moved nodes
+            assert late is not None, "moving nodes earlier cannot make scale or shift depend on r_new"
+            after = residual_add.next
+            while after in late:  # already in place
+                after = after.next
+            for node in late:  # pure, and independent of r_new: computing them earlier changes nothing
+                after.prepend(node)
+            with graph.inserting_before(after):
+                fused = graph.call_function(torch.ops.kopt.gated_residual.default,
+                                            (r, y, gate, scale, shift, eps, bool(rms)))
                 new_residual = graph.call_function(operator.getitem, (fused, 0))
                 modulated = graph.call_function(operator.getitem, (fused, 1))
             stamp(fused, pass_name=self.name, rule=RULE)
