@@ -35,9 +35,20 @@ def load_entry_point(candidate: Candidate) -> Callable[..., Any]:
     """Execute a verified candidate's source and return its entry point."""
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter on the CPU
-    namespace: dict[str, Any] = {"__name__": f"kopt_candidate_{candidate.content_hash[:12]}"}
-    exec(compile(candidate.source, f"<candidate {candidate.content_hash[:12]}>", "exec"), namespace)  # noqa: S102
-    return namespace[candidate.entry_point]
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    # From a file, not exec: Triton's @jit reads a kernel's source with inspect, which needs a file.
+    folder = Path(tempfile.gettempdir()) / "kopt-candidates"
+    folder.mkdir(exist_ok=True)
+    name = f"kopt_candidate_{candidate.content_hash[:24]}"
+    path = folder / f"{name}.py"
+    path.write_text(candidate.source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, candidate.entry_point)
 
 
 def candidate_op(candidate: Candidate, outputs: Sequence[Any]) -> torch._ops.OpOverload:

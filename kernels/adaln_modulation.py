@@ -33,6 +33,7 @@ from kopt.kernels._rows import (
     modulate_rows,
     modulation_rows,
     one_batch,
+    rms_norm_rows,
     row_candidates,
     row_tile,
 )
@@ -88,8 +89,7 @@ def _adaln_modulation_kernel(
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if IS_RMS:
-        mean_sq = tl.sum(x * x, axis=1) / N
-        normed = x * tl.rsqrt(mean_sq + eps)[:, None]
+        normed = rms_norm_rows(x, N, eps)
         if HAS_WEIGHT:
             w = tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
             normed = normed * w[None, :]

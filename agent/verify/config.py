@@ -7,6 +7,11 @@ import dataclasses
 from kopt.agent.verify.compare import Slack
 
 
+def _check_device(owner: str, device: str) -> None:
+    if device != "cpu" and not device.startswith("cuda:"):
+        raise ValueError(f"{owner}.device must be 'cpu' or 'cuda:N', got {device!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class VerifyConfig:
     """How hard to test one candidate.
@@ -57,8 +62,7 @@ class VerifyConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.device != "cpu" and not self.device.startswith("cuda:"):
-            raise ValueError(f"VerifyConfig.device must be 'cpu' or 'cuda:N', got {self.device!r}")
+        _check_device("VerifyConfig", self.device)
 
 
 GENERATED_ORIGINS = frozenset({"search"})  # proposers whose candidates are kopt's own generated code
@@ -85,5 +89,4 @@ class TimingConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.device != "cpu" and not self.device.startswith("cuda:"):
-            raise ValueError(f"TimingConfig.device must be 'cpu' or 'cuda:N', got {self.device!r}")
+        _check_device("TimingConfig", self.device)
