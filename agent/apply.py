@@ -13,10 +13,13 @@ inputs and outputs (``Region.input_nodes`` / ``output_nodes``) are exactly the c
 
 from __future__ import annotations
 
+import importlib.util
 import operator
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,16 +38,18 @@ def load_entry_point(candidate: Candidate) -> Callable[..., Any]:
     """Execute a verified candidate's source and return its entry point."""
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter on the CPU
-    import importlib.util
-    import tempfile
-    from pathlib import Path
 
     # From a file, not exec: Triton's @jit reads a kernel's source with inspect, which needs a file.
+    # The file is named by content hash and written atomically, so two processes loading the same
+    # candidate read the same complete source.
     folder = Path(tempfile.gettempdir()) / "kopt-candidates"
     folder.mkdir(exist_ok=True)
     name = f"kopt_candidate_{candidate.content_hash[:24]}"
     path = folder / f"{name}.py"
-    path.write_text(candidate.source)
+    if not path.exists() or path.read_text() != candidate.source:
+        scratch = folder / f".{name}.{os.getpid()}.tmp"
+        scratch.write_text(candidate.source)
+        os.replace(scratch, path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -137,3 +137,30 @@ def test_a_generated_triton_candidate_verifies_on_the_gpu():
     verdict = verify(region, candidate, VerifyConfig(device="cuda:0", seed=3))
     assert verdict.accepted, verdict.log
     assert "trials on cuda:0" in verdict.log
+
+
+def test_an_applied_candidate_is_loaded_from_a_file_its_kernels_can_read():
+    """Triton's ``@jit`` reads a kernel's source with ``inspect``: the entry point the end-to-end run
+    applies must come from a real file holding exactly the candidate's source."""
+    import inspect
+
+    from kopt.agent.apply import load_entry_point
+
+    region = _region()
+    candidate = _candidate(region, TRITON_SOURCE, CandidateKind.TRITON_KERNEL)
+    fn = load_entry_point(candidate)
+    assert inspect.getsource(fn).startswith("def candidate(x):")
+    assert open(inspect.getsourcefile(fn)).read() == TRITON_SOURCE
+    assert load_entry_point(candidate).__code__.co_filename == fn.__code__.co_filename
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_an_applied_triton_candidate_runs_in_process_on_the_gpu():
+    from kopt.agent.apply import load_entry_point
+
+    x = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
+    fn = load_entry_point(_candidate(_region(), TRITON_SOURCE, CandidateKind.TRITON_KERNEL))
+    expected = torch.softmax(x.double(), -1) * 2.0
+    rel = (fn(x).double() - expected).norm() / expected.norm()
+    assert rel < 1e-2
