@@ -4,7 +4,8 @@ Two kinds of candidates: a region's replacement (verified in the sandbox against
 micro-timed alone: :mod:`kopt.agent.micro` stops one not 1% faster before the end-to-end A/B) and a
 pipeline choice for a whole graph (:mod:`kopt.agent.pipeline_choice`; its check is the model output
 against the higher-precision reference, inside the end-to-end measurement). Search proposals are
-ordered by what the knowledge base learned on other models (:mod:`kopt.agent.propose.warm`).
+taken breadth first, every family once before any twice (:mod:`kopt.agent.propose.breadth`), and
+then ordered by what the knowledge base learned on other models (:mod:`kopt.agent.propose.warm`).
 
 Parallel (:mod:`kopt.agent.pool`): with ``workers`` beyond the one that shares the timing device, a
 pool of workers verifies the next region candidates while the loop times the current one (verdicts
@@ -93,6 +94,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
     before it, so a look-ahead never makes a proposer read the KB earlier (:mod:`kopt.agent.pool.lookahead`)."""
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
+        from kopt.agent.propose.breadth import breadth_first
         from kopt.agent.propose.pipeline import propose_pipelines
         from kopt.agent.propose.search import propose_all
         from kopt.agent.propose.warm import warm_order
@@ -100,7 +102,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
         found = list(propose_all(occurrences, ranked, seed=seed))
         if pipelines:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
-        yield list(warm_order(found, kb, class_keys or {}))
+        yield list(warm_order(breadth_first(found), kb, class_keys or {}))
     if proposer in ("llm", "all"):
         from kopt.agent.propose.llm import LLMProposer
 

@@ -1,0 +1,36 @@
+"""The search proposals' order: every family (one region's launch variants, one pipeline choice)
+is tried once before any family is tried twice."""
+
+from __future__ import annotations
+
+from kopt.agent.candidate import Candidate, CandidateKind
+from kopt.agent.propose.breadth import breadth_first
+from kopt.passes.base import Contract
+
+TOL = Contract.tolerance(1e-2)
+SIG = {name: f"{n:064x}" for n, name in enumerate(("region-a", "region-b", "graph-0", "r", "g"), start=1)}
+
+
+def _variant(region: str, n: int) -> Candidate:
+    return Candidate(SIG[region], CandidateKind.CODEGEN_VARIANT, f"def candidate(x):\n    return x * {n}\n", TOL,
+                     origin="search", params=(("row_budget", n),))
+
+
+def _choice(graph: str, change: str) -> Candidate:
+    return Candidate(SIG[graph], CandidateKind.PASS_CHOICE, f'{{"change": "{change}"}}', TOL, origin="search",
+                     params=(("change", change),))
+
+
+def test_each_family_once_before_any_twice_in_the_given_order():
+    a = [_variant("region-a", n) for n in (1, 2, 3)]
+    b = [_variant("region-b", n) for n in (4, 5)]
+    choices = [_choice("graph-0", "drop residual-fp32"), _choice("graph-0", "attention 1x8x64 on flash")]
+    ordered = breadth_first([*a, *b, *choices])
+    assert ordered == [a[0], b[0], *choices, a[1], b[1], a[2]]
+
+
+def test_it_only_reorders():
+    candidates = [_variant("r", n) for n in range(5)] + [_choice("g", f"drop p{n}") for n in range(3)]
+    ordered = breadth_first(candidates)
+    assert sorted(c.content_hash for c in ordered) == sorted(c.content_hash for c in candidates)
+    assert breadth_first([]) == []
