@@ -59,6 +59,7 @@ def test_every_requested_variant_has_a_finite_measured_row(tiny_results: dict, m
     assert _row(tiny_results, model, "kopt-eager", "cfg-pair")["rel_err"] < 1e-5
     assert _row(tiny_results, model, "fp8-eager")["cosine"] > 0.9
     assert _row(tiny_results, model, "fp8-eager")["cosine_vs_eager"] > 0.9
+    assert _row(tiny_results, model, "fp8-eager", "cfg-pair")["cosine"] > 0.9  # every baseline has a CFG row
 
 
 @pytest.mark.parametrize("model", ["qwen-image", "flux2"])

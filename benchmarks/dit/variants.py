@@ -221,17 +221,17 @@ def all_variants() -> list[Variant]:
                 _kopt(dict(passes="auto", fp8=Fp8Config(), release_weights=True)), cfg_pair=True,
                 mutates_model=True, exclusive=True, estimate_full_s=200),
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
-                lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True,
+                lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True, cfg_pair=True,
                 estimate_full_s=90, aliases=("fp8",)),
         Variant("fp8+torch.compile-fast-accum", "rowwise FP8 linears with fast accumulation + regional torch.compile",
-                lambda m, s: _fp8(m, s, compile_blocks=True, fast_accum=True), mutates_model=True,
+                lambda m, s: _fp8(m, s, compile_blocks=True, fast_accum=True), mutates_model=True, cfg_pair=True,
                 estimate_full_s=90),
         Variant("fp8+torch.compile-fast-accum+graphs",
                 "rowwise FP8 linears with fast accumulation + regional torch.compile, whole forward replayed "
                 "from a CUDA graph", lambda m, s: _replayed(_fp8(m, s, compile_blocks=True, fast_accum=True), s),
-                mutates_model=True, estimate_full_s=90, aliases=("fp8+graphs",)),
+                mutates_model=True, cfg_pair=True, estimate_full_s=90, aliases=("fp8+graphs",)),
         Variant("fp8-eager", "rowwise FP8 linears, no compile", lambda m, s: _fp8(m, s, compile_blocks=False),
-                mutates_model=True, estimate_full_s=60),
+                mutates_model=True, cfg_pair=True, estimate_full_s=60),
     ]
     return variants
 
