@@ -239,6 +239,17 @@ def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
     assert (tmp_path / "fp8-gemm.md").exists()
 
 
+def test_attention_layout_benchmark_times_every_layout_with_its_strides():
+    """benchmarks/micro/attention_layout.py: each layout is what its name says, and the output is attention."""
+    from benchmarks.micro import attention_layout
+
+    rows = attention_layout.measure_shape(*attention_layout.TINY[0], device=torch.device("cpu"), backends=("math",))
+    by_layout = {r["layout"]: r for r in rows}
+    assert by_layout["projection"]["strides"] == "(3072, 16, 32, 1)"  # (B, H, S, D) over (B, S, H*D)
+    assert by_layout["head-major"]["strides"] == by_layout["mixed"]["strides"] == "(3072, 1536, 16, 1)"
+    assert all(0 < r["rel_err"] < 1e-2 and r["ms"] > 0 for r in rows)  # bf16-sized; zeros would give 1.0
+
+
 def test_floor_report_reads_a_saved_run():
     """benchmarks/dit/floor.py on the committed H200 result the README cites (Qwen-Image ``s7d``): the floor,
     kopt's distance above it, and the idle time between kernels per launch that it quotes."""
