@@ -244,9 +244,12 @@ def test_attention_layout_benchmark_times_every_layout_with_its_strides():
     from benchmarks.micro import attention_layout
 
     rows = attention_layout.measure_shape(*attention_layout.TINY[0], device=torch.device("cpu"), backends=("math",))
-    by_layout = {r["layout"]: r for r in rows}
-    assert by_layout["projection"]["strides"] == "(3072, 16, 32, 1)"  # (B, H, S, D) over (B, S, H*D)
-    assert by_layout["head-major"]["strides"] == by_layout["mixed"]["strides"] == "(3072, 1536, 16, 1)"
+    strides = {r["layout"]: r["strides"] for r in rows}
+    view, dense, merged = [3072, 16, 32, 1], [3072, 1536, 16, 1], [9216, 16, 96, 1]
+    assert strides["projection"] == [view] * 3  # (B, H, S, D) over (B, S, H*D)
+    assert strides["head-major"] == [dense] * 3
+    assert strides["merged-qkv"] == [merged] * 3  # slices of one (B, S, 3*H*D) buffer
+    assert strides["merged-v"] == [view, view, merged]
     assert all(0 < r["rel_err"] < 1e-2 and r["ms"] > 0 for r in rows)  # bf16-sized; zeros would give 1.0
 
 

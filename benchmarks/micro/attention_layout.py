@@ -7,9 +7,11 @@
 Why: on LTX-Video (s14b) the same cuDNN attention kernel takes 28.4 ms per forward in eager, 30.4 ms
 under torch.compile and 31.0 ms under kopt. A DiT's Q/K/V come out of a projection as (B, S, H·D)
 and are viewed as (B, H, S, D) (strides S·H·D, D, H·D, 1: "projection layout"); a fused producer
-may instead write them (B, H, S, D)-contiguous ("head-major"). This times each backend the device
-offers on both layouts, and the two mixed (Q/K from a fused kernel, V straight from its projection),
-so a layout that costs attention time shows up as a number, not a guess.
+may instead write them (B, H, S, D)-contiguous ("head-major"); and a merged Q/K/V projection
+(``sibling-merge``) leaves them as slices of one (B, S, 3·H·D) buffer, row stride 3·H·D
+("merged-qkv"), or only V so when Q and K go through a fused QK-norm/RoPE kernel ("merged-v", kopt
+on LTX-Video); "mixed" is Q, K head-major and V a projection's view. This times each backend the
+device offers on every layout, so a layout that costs attention time shows up as a number.
 
 Times are CUDA-graph replays (GPU time only, median) of one call. FLOPs are 4·B·H·S²·D.
 """
@@ -34,28 +36,39 @@ SHAPES = (("ltx-video", 1, 32, 4096, 64), ("flux1", 1, 24, 4608, 128), ("wan-14b
 TINY = (("tiny", 1, 2, 96, 16),)
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-LAYOUTS = ("projection", "head-major", "mixed")
 
 
-def _projected(b: int, h: int, s: int, d: int, g: torch.Generator, device: torch.device) -> torch.Tensor:
-    """(B, H, S, D) viewed over (B, S, H·D) memory, as a projection's output is."""
-    return torch.randn(b, s, h * d, device=device, generator=g).bfloat16().unflatten(2, (h, d)).transpose(1, 2)
+def _projected(b: int, h: int, s: int, d: int, g: torch.Generator, device: torch.device,
+               width: int = 1) -> list[torch.Tensor]:
+    """``width`` (B, H, S, D) tensors viewed over one (B, S, width·H·D) buffer, as the outputs of one
+    projection (width 1) or slices of a merged Q/K/V projection (width 3) are."""
+    merged = torch.randn(b, s, width * h * d, device=device, generator=g).bfloat16()
+    return [part.unflatten(2, (h, d)).transpose(1, 2) for part in merged.split(h * d, dim=2)]
+
+
+def layouts(b: int, h: int, s: int, d: int, g: torch.Generator,
+            device: torch.device) -> dict[str, tuple[torch.Tensor, ...]]:
+    """The same Q, K, V values in each layout (module docstring)."""
+    q, k, v = (_projected(b, h, s, d, g, device)[0] for _ in range(3))
+    fused = _projected(b, h, s, d, g, device, width=3)
+    for part, value in zip(fused, (q, k, v), strict=True):
+        part.copy_(value)
+    return {"projection": (q, k, v), "head-major": (q.contiguous(), k.contiguous(), v.contiguous()),
+            "mixed": (q.contiguous(), k.contiguous(), v), "merged-qkv": tuple(fused), "merged-v": (q, k, fused[2])}
 
 
 def measure_shape(model: str, b: int, h: int, s: int, d: int, device: torch.device,
                   backends: tuple[str, ...]) -> list[dict[str, Any]]:
     g = torch.Generator(device=device).manual_seed(s)
-    q, k, v = (_projected(b, h, s, d, g, device) for _ in range(3))
-    inputs = {"projection": (q, k, v), "head-major": (q.contiguous(), k.contiguous(), v.contiguous()),
-              "mixed": (q.contiguous(), k.contiguous(), v)}
+    inputs = layouts(b, h, s, d, g, device)
+    q, k, v = inputs["projection"]
     exact = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
     flops = 4 * b * h * s * s * d
     rows = []
     for backend in backends:
-        for layout in LAYOUTS:
-            qq, kk, vv = inputs[layout]
+        for layout, (qq, kk, vv) in inputs.items():
             label = dict(model=model, shape=f"B{b} H{h} S{s} D{d}", backend=backend, layout=layout,
-                         strides=str(tuple(qq.stride())))
+                         strides=[list(x.stride()) for x in (qq, kk, vv)])
 
             def call(qq=qq, kk=kk, vv=vv, backend=backend):
                 with sdpa_kernel(BACKENDS[backend]):
@@ -77,18 +90,21 @@ def _cell(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _strides(row: dict[str, Any]) -> str:
+    return " ".join(str(tuple(x)) for x in row["strides"])
+
+
 def main() -> None:
     device, out, tiny = micro.parse_args(__doc__.splitlines()[0])
     backends = ("cudnn", "flash", "efficient") if device.type == "cuda" else ("math",)
     rows = [r for shape in (TINY if tiny else SHAPES) for r in measure_shape(*shape, device=device, backends=backends)]
-    table = [f"| {r['model']} | {r['shape']} | {r['backend']} | {r['layout']} {r['strides']} | {_cell(r['ms'], '.4f')} "
-             f"| {_cell(r['tflops'], '.0f')} | {_cell(r['rel_err'], '.2e')} |"
+    table = [f"| {r['model']} | {r['shape']} | {r['backend']} | {r['layout']} {_strides(r)} | "
+             f"{_cell(r['ms'], '.4f')} | {_cell(r['tflops'], '.0f')} | {_cell(r['rel_err'], '.2e')} |"
              + (f" failed: {r['error']}" if r.get("error") else "") for r in rows]
     print(micro.write(out, "attention_layout", "bf16 SDPA by backend and input layout",
                       "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA. "
-                      "projection: (B, H, S, D) viewed over (B, S, H·D); head-major: (B, H, S, D) contiguous; "
-                      "mixed: Q, K head-major, V projection.",
-                      ["| model | shape | backend | layout (Q strides) | ms | TFLOP/s | rel err |",
+                      "Layouts as in the script's docstring; strides of Q, K, V.",
+                      ["| model | shape | backend | layout (Q, K, V strides) | ms | TFLOP/s | rel err |",
                        "|---|---|---|---|---:|---:|---:|"], table, rows, device))
 
 
