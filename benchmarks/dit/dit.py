@@ -5,7 +5,7 @@
     python benchmarks/dit/dit.py --size tiny                              # CPU smoke run (timings mean nothing)
 
 For each model (full size: published config, random weights, built directly in bf16 on the GPU;
-batch 1, 4096 image tokens, 256 / 512 text tokens) and each variant, one transformer forward is
+batch 1, at the published resolution: kopt/workloads/<model>.py) and each variant, one transformer forward is
 timed (CUDA events, median of ``--repeats`` after ``--warmup``), with compile time (first call
 minus a normal call), peak memory, and relative error / cosine in float64 against a higher-precision
 reference of the same weights (``kopt.reference``: fp32 on a GPU, fp64 on the CPU; eager's own row
@@ -41,8 +41,8 @@ import torch
 from benchmarks.dit import results_io
 from benchmarks.dit.breakdown import profile_breakdown
 from benchmarks.dit.calls import repeating_forward, stepping_cfg_pair, stepping_forward
-from benchmarks.dit.log import Log
 from benchmarks.dit.ceilings import count_flops, floors, measure_ceilings
+from benchmarks.dit.log import Log
 from benchmarks.dit.measure import (
     DTYPES,
     allocated_gb,
@@ -50,8 +50,6 @@ from benchmarks.dit.measure import (
     compare,
     first_tensor,
     free_compiled_state,
-    peak_memory_gb,
-    reset_peak_memory,
     synchronize,
 )
 from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, select
@@ -59,7 +57,6 @@ from benchmarks.dit.warm_compile import NOT_COMPILED, in_fresh_process
 from kopt.kernels import _autotune
 from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
-
 
 
 @dataclasses.dataclass
@@ -115,7 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="results folder (default: $OUT if set, else benchmarks/results)")
     parser.add_argument("--tag", default=None, help="suffix for the output file names")
     parser.add_argument("--trace", action="store_true",
-                        help="write each profiled forward as a gzipped Chrome trace (trace-<model>-<variant>-<call>.json.gz)")
+                        help="write each profiled forward as a gzipped Chrome trace "
+                        "(trace-<model>-<variant>-<call>.json.gz)")
     parser.add_argument("--warm-compile", action="store_true",
                         help="after each compiled variant, compile it again in a fresh process (warm caches) "
                              "and record that time as the forward row's warm_compile_s")
@@ -159,7 +157,8 @@ def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
                first_call_peak_gb=timing.first_peak_gb)
     run.log(f"  {model} {variant} {call}: median {timing.median_ms:.3f} ms, compile {timing.compile_s:.1f} s, "
             f"vs reference rel_err {row['rel_err']} cosine {row['cosine']}, vs eager rel_err "
-            f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_gb']} GB (first calls {row['first_call_peak_gb']} GB)")
+            f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_gb']} GB "
+            f"(first calls {row['first_call_peak_gb']} GB)")
     return row
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-
 # the dtypes a benchmark's --dtype names
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

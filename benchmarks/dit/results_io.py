@@ -26,6 +26,8 @@ from benchmarks.dit.summary import peak_gb, summary_rows, summary_table
 REPO = Path(__file__).resolve().parents[2]
 
 
+FULL_INPUTS = "batch 1, each model at its published resolution (inputs: kopt/workloads/<model>.py)"
+
 def _version(package: str) -> str | None:
     try:
         return importlib_metadata.version(package)
@@ -178,7 +180,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"{meta['device']} · torch {meta['torch']} · triton {meta['triton']} · diffusers {meta['diffusers']} "
         f"· {meta['date']} · commit {(meta['git_commit'] or 'unknown')[:12]}"
         f"{' (dirty)' if meta.get('git_dirty') else ''}",
-        f"{'batch 1, 4096 image tokens' if results['size'] == 'full' else 'tiny configs (timings mean nothing)'}"
+        f"{FULL_INPUTS if results['size'] == 'full' else 'tiny configs (timings mean nothing)'}"
         f", {results['dtype']}, one transformer forward; median of {results['repeats']} after "
         f"{results['warmup']} warm-up. rel err / cosine: against a higher-precision reference of the same "
         f"weights ({_reference_dtype(results)}; every op in that precision, weights upcast op by op), in float64; "

@@ -30,9 +30,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from benchmarks.micro import harness as micro  # noqa: E402
 
-# (model, B, H, S, D): LTX-Video (4096 tokens, 32 heads of 64), FLUX.1 joint attention (4096 image +
-# 512 text tokens, 24 heads of 128), Wan 2.1 14B at 480p and 81 frames (32,760 tokens, 40 heads of 128)
-SHAPES = (("ltx-video", 1, 32, 4096, 64), ("flux1", 1, 24, 4608, 128), ("wan-14b-480p", 1, 40, 32760, 128))
+# (model, B, H, S, D): LTX-Video (6,930 tokens at 704x480 and 161 frames, 32 heads of 64), FLUX.1
+# joint attention (4096 image + 512 text tokens, 24 heads of 128), Wan 2.1 14B at 480p and 81 frames
+# (32,760 tokens, 40 heads of 128)
+SHAPES = (("ltx-video", 1, 32, 6930, 64), ("flux1", 1, 24, 4608, 128), ("wan-14b-480p", 1, 40, 32760, 128))
 TINY = (("tiny", 1, 2, 96, 16),)
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
