@@ -127,8 +127,13 @@ class WallClock:
 
     def _modules(self, chosen: Mapping[str, Candidate]) -> list[Any]:
         key = tuple(sorted(c.content_hash for c in chosen.values()))
-        if key not in self._built:
-            while len(self._built) >= 2:  # an A/B needs two; older ones hold compiled code and derived constants
+        if key in self._built:
+            self._built[key] = self._built.pop(key)  # most recently used last
+        else:
+            # An A/B needs two; older ones hold compiled code and derived constants. The least recently
+            # used goes: the baseline A, timed first in every pair, stays built from one candidate to
+            # the next (evicting the oldest instead lowered the whole model twice per candidate).
+            while len(self._built) >= 2:
                 self._built.pop(next(iter(self._built)))
             modules: list[Any] = applied(self.graphs, chosen)
             if self.lower == "inductor":

@@ -27,3 +27,21 @@ def test_wall_clock_lowers_with_inductor_including_a_pipeline_choice():
         got, expected = lowered(*graphs[0].args), fx_module(*graphs[0].args)
     got, expected = got[0] if isinstance(got, (tuple, list)) else got, expected[0]
     assert float((got - expected).norm() / expected.norm()) < 1e-5
+
+
+def test_the_baseline_is_built_once_across_candidates(monkeypatch):
+    """Each built candidate set costs a whole-model lowering on a GPU: across two candidates' A/B
+    runs the baseline A is built once, each B once."""
+    import kopt.agent.bench as bench
+
+    model, inputs = tiny_attention_block()
+    graphs = capture_graphs(model, inputs)
+    first, second = [c for c in propose_pipelines(graphs) if "drop" in dict(c.params)["change"]][:2]
+    built = []
+    real_applied = bench.applied
+    monkeypatch.setattr(bench, "applied", lambda gs, chosen: built.append(tuple(chosen)) or real_applied(gs, chosen))
+    clock = WallClock(graphs)
+    for candidate in (first, second):
+        a, b = bench.interleaved(clock, {}, {candidate.region_signature: candidate}, 4)
+        assert len(a) == len(b) == 4
+    assert built == [(), (first.region_signature,), (second.region_signature,)]
