@@ -189,7 +189,8 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
         release_weights: after the first call, free the storage of the module's weights that no
             compiled graph reads (the bf16 originals of FP8-quantized or merged linears). The module
             can then no longer run by itself, and a call that needs a new compilation (new shapes,
-            changed weights) raises :class:`kopt.WeightsReleasedError`.
+            changed weights) raises :class:`kopt.WeightsReleasedError`. With ``regional=True`` the
+            first call runs every block, and each block's own weights are freed the same way.
         mode: ``torch.compile``'s modes: ``"default"``, ``"reduce-overhead"`` (CUDA graphs on),
             ``"max-autotune"`` (Inductor's GEMM and launch-config tuning, CUDA graphs on),
             ``"max-autotune-no-cudagraphs"`` (the same, CUDA graphs off); an explicit
@@ -230,9 +231,8 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
                            progress=progress, check_lowering=check_lowering, kb=kb, share_weights=share_weights)
     if regional:
-        if release_weights:
-            raise ValueError("release_weights=True is not supported with regional=True")
-        return compile_regional(model, backend, fullgraph=fullgraph, dynamic=dynamic)  # type: ignore[arg-type]
+        return compile_regional(model, backend, fullgraph=fullgraph, dynamic=dynamic,  # type: ignore[arg-type]
+                                release_weights=release_weights)
     if not isinstance(model, torch.nn.Module):
         if release_weights:
             raise ValueError("release_weights=True frees a module's weights; a function has none")

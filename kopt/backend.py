@@ -117,7 +117,7 @@ class KoptBackend:
         live: set[int] = set()
         for graph in self.compiled:
             live |= graph.read_storages()
-        freed = release_unread_weights((t for g in self.compiled for t in g.constant_inputs), live)
+        freed = release_unread_weights((t for g in self.compiled for t in g.release_candidates()), live)
         for graph in self.compiled:
             graph.forget_released()
         self.report.released_bytes += freed

@@ -317,6 +317,15 @@ class CompiledGraph:
         return {t.untyped_storage().data_ptr() for t in self.constant_inputs
                 if isinstance(t, torch.Tensor) and t.device.type != "meta"}
 
+    def release_candidates(self) -> list[Any]:
+        """The module weights this graph was compiled from, and under regional compilation every other
+        block's weights behind its derived values (:meth:`kopt.weight_sets.WeightSets.source_weights`);
+        :func:`kopt.release.release_unread_weights` frees those no graph reads."""
+        others = []
+        if self.weights is not None and self.binding is not None:
+            others = self.weights.source_weights(self.binding.live_positions)
+        return [*self.constant_inputs, *others]
+
     def forget_released(self) -> None:
         """Stop checking released weights for changes (they are no longer read, and have no bytes)."""
         if self.weights is not None:

@@ -75,11 +75,13 @@ class KoptRegional(nn.Module):
     call it like the original; ``kopt_report`` has one graph per compiled block class (and per
     recompilation) and what the whole-forward replay did; ``blocks`` names the block classes."""
 
-    def __init__(self, model: nn.Module, backend: Any, blocks: list[str], replay: bool = False) -> None:
+    def __init__(self, model: nn.Module, backend: Any, blocks: list[str], replay: bool = False,
+                 release_weights: bool = False) -> None:
         super().__init__()
         self._orig_mod = model
         self._kopt_backend = backend
         self.blocks = blocks
+        self._release_pending = release_weights
         self._replay: ForwardReplay | None = None
         if replay:
             options = backend.options
@@ -97,9 +99,11 @@ class KoptRegional(nn.Module):
                 graph.cuda_graphs.disabled = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._replay is not None:
-            return self._replay(*args, **kwargs)
-        return self._orig_mod(*args, **kwargs)
+        out = self._replay(*args, **kwargs) if self._replay is not None else self._orig_mod(*args, **kwargs)
+        if self._release_pending:  # the first call ran every block: each has its graph and derived weights
+            self._release_pending = False
+            self._kopt_backend.release_unread_weights()
+        return out
 
     @property
     def kopt_report(self) -> Any:
@@ -118,10 +122,12 @@ class KoptRegional(nn.Module):
 
 
 def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
-                     dynamic: bool | None = None) -> KoptRegional:
+                     dynamic: bool | None = None, release_weights: bool = False) -> KoptRegional:
     """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`).
     When the backend's options ask for CUDA graphs, the whole forward is what is recorded; the blocks'
-    graphs record their own (one per block, since each calls with its own weights) only if it cannot be."""
+    graphs record their own (one per block, since each calls with its own weights) only if it cannot be.
+    ``release_weights``: after the first call, free every block's weights no compiled graph reads
+    (:mod:`kopt.release`: the bf16 originals of FP8 linears, in each block's weight set)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"regional compilation compiles a module's blocks; got {type(model).__name__}")
     replay = backend.options.use_cuda_graphs
@@ -129,4 +135,4 @@ def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
         backend.graphs_held_back = "held back: the whole forward is replayed from one CUDA graph (regional)"
         backend.max_graphs = 1024  # then one recording per block (each calls it with its own weights)
     blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic)
-    return KoptRegional(model, backend, blocks, replay=replay)
+    return KoptRegional(model, backend, blocks, replay=replay, release_weights=release_weights)

@@ -85,6 +85,18 @@ class WeightSets:
         return {t.untyped_storage().data_ptr() for entry in self._sets.values() for _, t in entry.derived
                 if t.device.type != "meta"}
 
+    def source_weights(self, keep_positions: Sequence[int]) -> list[torch.Tensor]:
+        """Every set's module weights behind a derived value, but those at ``keep_positions`` (read
+        live by the graph): what ``release_weights=True`` may free once the derived values exist."""
+        keep = set(keep_positions)
+        found = []
+        for entry in self._sets.values():
+            for ref, position in zip(entry.parameters, self.binding.sources, strict=True):
+                tensor = ref()
+                if tensor is not None and position not in keep:
+                    found.append(tensor)
+        return found
+
     def forget_released(self) -> None:
         """Stop reading weights ``release_weights=True`` freed, in every set."""
         for entry in self._sets.values():

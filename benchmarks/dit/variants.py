@@ -220,6 +220,10 @@ def all_variants() -> list[Variant]:
         Variant("kopt-fp8-release", "kopt fp8 with release_weights=True (peak memory)",
                 _kopt(dict(passes="auto", fp8=Fp8Config(), release_weights=True)), cfg_pair=True,
                 mutates_model=True, exclusive=True, estimate_full_s=200),
+        Variant("kopt-regional-fp8-attn-release", "kopt regional fp8 + FP8 attention with release_weights=True "
+                "(every block's bf16 originals of its FP8 linears freed after the first call: peak memory)",
+                _kopt(dict(passes="auto", regional=True, fp8=Fp8Config(attention=True), release_weights=True)),
+                cfg_pair=True, mutates_model=True, exclusive=True, estimate_full_s=120),
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True, cfg_pair=True,
                 estimate_full_s=90, aliases=("fp8",)),
