@@ -227,8 +227,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         timing = timing_config(timing_device)
         if timing.device != "cpu" and verify_config.device == "cpu":  # generated kernels verify compiled
             verify_config = dataclasses.replace(verify_config, device=timing.device)
+        counts: dict[str, int] = {}
+        for occurrence in occurrences:
+            counts[occurrence.region.signature] = counts.get(occurrence.region.signature, 0) + 1
         bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed,
-                           timing=timing) if micro else None
+                           timing=timing, occurrences=counts) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""
@@ -284,6 +287,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                                       verify_config, bench_config, bench, first.get(candidate.region_signature),
                                       verified)
                 e2e = evaluation.e2e.speedup if evaluation.e2e else None
+                if e2e is not None and bench is not None and e2e.baseline:
+                    bench.saw_model_call(e2e.baseline)  # the Amdahl bound's base (kopt.agent.micro)
                 record = kb.record_candidate(candidate, status=evaluation.status, reason=evaluation.reason,
                                              verdict=evaluation.verdict, micro=evaluation.micro, e2e=e2e,
                                              environment=environment)

@@ -3,8 +3,13 @@
 A candidate that is not faster than the region it replaces, at the region's own shapes, cannot make
 the model faster through that region (the end-to-end A/B can only add layout and cache effects on
 top), so it is stopped here: a few hundred milliseconds instead of a whole-model benchmark. The bar
-is ``min_gain`` (1%): the region-level speedup's median must reach it. The numbers land in the KB
-as the record's ``micro`` measurement (candidate ms per call, the original's as baseline).
+is ``min_gain`` (1%): the region-level speedup's median must reach it. A candidate that passes is
+also stopped when even its best case cannot move the model by ``min_gain`` (Amdahl): the time it
+saves per occurrence at the fast end of its CI, times the region's occurrences per call, over the
+shortest model call the end-to-end A/B has timed (no bound before the first). Inside the compiled
+model the original region can only get cheaper than alone (the compiler fuses it with its
+neighbours), so the bound errs toward measuring. The numbers land in the KB as the record's
+``micro`` measurement (candidate ms per call, the original's as baseline).
 
 Clocks: the sandboxed harness (:func:`kopt.agent.verify.time_candidate`, a fresh child process per
 candidate, on the device the model runs on; the original region is timed once per region and cached)
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -45,10 +51,31 @@ class MicroBench:
     """Region-level timing of candidates, the original's timing cached per region."""
 
     def __init__(self, clock: Any, verify_config: Any = None, *, min_gain: float = 0.01, resamples: int = 1000,
-                 seed: int = 0, timing: Any = None) -> None:
+                 seed: int = 0, timing: Any = None, occurrences: Mapping[str, int] | None = None,
+                 model_s: float | None = None) -> None:
         self.clock, self.verify_config, self.min_gain, self.timing = clock, verify_config, min_gain, timing
         self.resamples, self.seed = resamples, seed
+        self.occurrences = dict(occurrences or {})  # per region signature, per model call
+        self.model_s = model_s  # the shortest time of one model call seen so far (the Amdahl bound's base)
         self._original_ms: dict[str, list[float]] = {}
+
+    def saw_model_call(self, seconds: float) -> None:
+        """An end-to-end baseline time: the bound's base becomes the shortest seen (a larger share for
+        each region, so the bound stays an upper bound)."""
+        if seconds > 0:
+            self.model_s = seconds if self.model_s is None else min(self.model_s, seconds)
+
+    def reachable(self, signature: str, saved_ms_each: float) -> tuple[bool, str]:
+        """Amdahl: a candidate saving at most ``saved_ms_each`` per occurrence saves at most that times
+        the region's occurrences per call; below ``min_gain`` of a call the A/B cannot accept it."""
+        count = self.occurrences.get(signature)
+        if not count or not self.model_s:
+            return True, ""
+        model_ms = self.model_s * 1e3
+        bound = count * max(0.0, saved_ms_each) / model_ms
+        text = (f"{count} occurrence(s) x at most {saved_ms_each:.4g} ms saved = {bound:.2%} of a "
+                f"{model_ms:.4g} ms call")
+        return bound >= self.min_gain, text
 
     def _cost_model_ms(self, occurrence: Any, candidate: Candidate | None, stream: int) -> list[float]:
         model = self.clock.model
@@ -104,4 +131,8 @@ class MicroBench:
         if median - 1.0 < self.min_gain:
             return MicroResult(False, f"micro: not {self.min_gain:.0%} faster at the region level: {numbers}",
                                measurement)
-        return MicroResult(True, f"micro: {numbers}", measurement)
+        reachable, bound = self.reachable(occurrence.region.signature, base - base / high)
+        if not reachable:
+            return MicroResult(False, f"micro: cannot reach {self.min_gain:.0%} end to end: {bound} (Amdahl, "
+                               f"at the CI's fast end); {numbers}", measurement)
+        return MicroResult(True, f"micro: {numbers}" + (f"; {bound}" if bound else ""), measurement)
