@@ -20,6 +20,7 @@ from kopt.passes.fuse.adaln import FuseAdaLN
 from kopt.passes.fuse.codegen import CodegenFuse
 from kopt.passes.fuse.gated_residual import FuseGatedResidual
 from kopt.passes.fuse.joint_attention_input import FuseJointAttentionInput
+from kopt.passes.fuse.linear_gelu import FuseLinearGelu
 from kopt.passes.fuse.qk_norm_rope import FuseQKNormRope
 from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
 from kopt.passes.graph.bias_absorption import BiasAbsorption
@@ -82,9 +83,10 @@ def _when(condition: bool, rewrite: Pass) -> list[Pass]:
 
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
-    (codegen-fuse), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``).
-    Name them explicitly, before ``staging`` (which marks the values it hoists by node name)."""
-    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
+    (codegen-fuse, fuse-linear-gelu: the agent's end-to-end A/B decides them per model), or added by
+    an option (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly, before
+    ``staging`` (which marks the values it hoists by node name)."""
+    return [CodegenFuse(), FuseLinearGelu(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
             FuseAttentionOutputQuant(), Fp8Gemv()]
 
 
