@@ -95,3 +95,16 @@ def test_fires_once_per_tanh_gelu_on_tiny_ltx_video_and_stays_within_the_contrac
     # the feed-forward of each block and the caption projection: a linear, then GELU(tanh)
     tanh_gelus = sum(1 for m in model.modules() if getattr(m, "approximate", None) == "tanh")
     assert tanh_gelus >= 2 and record.matches == {"linear-gelu-tanh": tanh_gelus}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cuda_epilogue_is_the_tanh_gelu_of_the_biased_product():
+    """cuBLASLt's GELU-bias epilogue (or ATen's fallback) at an FF shape, against float64."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(6930, 2048, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(8192, 2048, device="cuda", generator=g) / 45).bfloat16()
+    b = torch.randn(8192, device="cuda", generator=g).bfloat16()
+    got = torch.ops.kopt.linear_gelu_tanh(x, w.t(), b)
+    exact = torch.nn.functional.gelu(x.double() @ w.double().t() + b.double(), approximate="tanh")
+    assert rel_err(got, exact) < 1e-2
