@@ -89,12 +89,12 @@ class OptimizeResult:
 def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile: Profile, kb: KnowledgeBase,
                       seed: int, llm: Any, graphs: Sequence[ProbedGraph] = (),
                       class_keys: Mapping[str, str] | None = None, device: str = "cpu", fp8: Any = None,
-                      pipelines: bool = True) -> Iterator[list[Candidate]]:
+                      pipelines: bool = True, min_gain: float = 0.01) -> Iterator[list[Candidate]]:
     """The proposals in batches: the next one is asked for only once the loop took every candidate
     before it, so a look-ahead never makes a proposer read the KB earlier (:mod:`kopt.agent.pool.lookahead`)."""
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
-        from kopt.agent.propose.breadth import breadth_first
+        from kopt.agent.propose.breadth import breadth_first, small_regions
         from kopt.agent.propose.pipeline import propose_pipelines
         from kopt.agent.propose.search import propose_all
         from kopt.agent.propose.warm import warm_order
@@ -102,7 +102,8 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
         found = list(propose_all(occurrences, ranked, seed=seed))
         if pipelines:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
-        yield list(warm_order(breadth_first(found), kb, class_keys or {}))
+        small = small_regions(profile, min_gain)
+        yield list(warm_order(breadth_first(found, small), kb, class_keys or {}))
     if proposer in ("llm", "all"):
         from kopt.agent.propose.llm import LLMProposer
 
@@ -236,7 +237,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""
         batches = _proposal_batches(proposer, occurrences, profile, kb, seed, llm, graphs, class_keys, device, fp8,
-                                    pipelines)
+                                    pipelines, bench_config.min_gain)
 
         def job_for(candidate: Candidate) -> VerifyJob | None:
             """The sandbox verification the loop will want for ``candidate`` (it skips the others)."""

@@ -9,19 +9,39 @@ Why: an end-to-end evaluation costs about a minute on a full-size model, so a bu
 candidates, and variants of one kernel share its fate far more than candidates of different
 families do (on LTX-Video, s14a: the three launch variants of one region measured 0.989-0.995x end
 to end, all slower, while no attention backend or pass choice had been tried). Trying each family
-once first spends the budget where the outcome is least known. Only the order changes: with no
-budget limit every candidate is still evaluated.
+once first spends the budget where the outcome is least known. Regions whose profiled headroom is
+under the end-to-end bar (:func:`small_regions`) go after every other family: a pipeline choice
+can still pay there, a kernel for them can hardly. Only the order changes: with no budget limit
+every candidate is still evaluated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from kopt.agent.candidate import Candidate, CandidateKind
 
 
-def breadth_first(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """``candidates`` round-robin over families, first rounds first, each family's order kept."""
+def breadth_first(candidates: Sequence[Candidate], small: Collection[str] = ()) -> list[Candidate]:
+    """``candidates`` round-robin over families, first rounds first, each family's order kept; the
+    families of regions in ``small`` (too little headroom to move the model: :func:`small_regions`)
+    after all the others."""
+    demoted = [c for c in candidates if c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE]
+    kept = [c for c in candidates if not (c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE)]
+    return _rounds(kept) + _rounds(demoted)
+
+
+def small_regions(profile: Any, min_gain: float) -> set[str]:
+    """Regions whose profiled headroom (time above the floor, all occurrences) is under ``min_gain``
+    of the profiled call: even a kernel at the floor would not reach the end-to-end bar there."""
+    total = getattr(profile, "total_s", 0.0)
+    if not total:
+        return set()
+    return {r.region.signature for r in profile.regions if r.headroom_s < min_gain * total}
+
+
+def _rounds(candidates: Sequence[Candidate]) -> list[Candidate]:
     families: dict[tuple, list[Candidate]] = {}
     for candidate in candidates:
         if candidate.kind is CandidateKind.PASS_CHOICE:

@@ -34,3 +34,24 @@ def test_it_only_reorders():
     ordered = breadth_first(candidates)
     assert sorted(c.content_hash for c in ordered) == sorted(c.content_hash for c in candidates)
     assert breadth_first([]) == []
+
+
+def test_regions_without_headroom_go_after_every_pipeline_choice():
+    a = [_variant("region-a", n) for n in (1, 2)]
+    b = [_variant("region-b", n) for n in (4, 5)]
+    choice = _choice("graph-0", "add fuse-linear-gelu")
+    ordered = breadth_first([*a, *b, choice], small={SIG["region-a"]})
+    assert ordered == [b[0], choice, b[1], a[0], a[1]]
+
+
+def test_small_regions_are_those_a_floor_kernel_could_not_move_by_the_bar():
+    import types
+
+    def region(signature, headroom_s):
+        return types.SimpleNamespace(region=types.SimpleNamespace(signature=signature), headroom_s=headroom_s)
+
+    from kopt.agent.propose.breadth import small_regions
+
+    profile = types.SimpleNamespace(total_s=0.100, regions=[region("x", 0.0005), region("y", 0.002)])
+    assert small_regions(profile, 0.01) == {"x"}  # 0.5 % and 2 % of a 100 ms call, against a 1 % bar
+    assert small_regions(types.SimpleNamespace(total_s=0.0, regions=[]), 0.01) == set()
