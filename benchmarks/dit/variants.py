@@ -178,7 +178,19 @@ def _ablations() -> dict[str, dict[str, Any]]:
     return {f"kopt-no-{name}": dict(passes=[n for n in names if n != name]) for name in names}
 
 
+def _opt_ins() -> dict[str, dict[str, Any]]:
+    """``kopt-regional-with-<pass>``: regional kopt with one opt-in pass added before ``staging`` (what
+    the agent's pipeline choice ``add <pass>`` measures, here against the replaying baselines)."""
+    from kopt.passes.pipeline import default_pipeline
+
+    names = [p.name for p in default_pipeline()]
+    at = names.index("staging")
+    return {f"kopt-regional-with-{extra}": dict(passes=[*names[:at], extra, *names[at:]], regional=True)
+            for extra in ("fuse-linear-gelu", "codegen-fuse")}
+
+
 KOPT_OPTIONS.update(_ablations())
+KOPT_OPTIONS.update(_opt_ins())
 
 
 def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
