@@ -179,6 +179,8 @@ def test_model_mutating_variants_run_last() -> None:
         select("eager,kopt-fp8-release,fp8", "full", whole_model=False)
     assert "torch.compile-full" not in [v.name for v in select("auto", "full", whole_model=False)]
     assert "torch.compile-full" in [v.name for v in select("auto", "full", whole_model=True)]
+    tiny_default = [v.name for v in select("auto", "tiny", whole_model=False)]  # no exclusive variant in it
+    assert "kopt-regional" in tiny_default and not any(v.endswith("-release") for v in tiny_default)
 
 
 def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():

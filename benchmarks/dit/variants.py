@@ -254,7 +254,7 @@ def all_variants() -> list[Variant]:
 
 DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
 DEFAULT_TINY = tuple(v.name for v in all_variants()
-                     if not v.name.startswith(("kopt-no-", "kopt-fused", "kopt-fp8-release")))
+                     if not v.exclusive and not v.name.startswith(("kopt-no-", "kopt-fused")))
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
