@@ -12,6 +12,7 @@ import torch
 
 import kopt
 from kopt.fp8 import Fp8Config
+from kopt.reference import reference_forward
 from kopt.release import is_released
 from tests.conftest import rel_err, tiny_model_and_inputs
 
@@ -72,14 +73,16 @@ def test_regional_compilation_frees_every_blocks_quantized_weights():
     again = workload.inputs("tiny", seed=42, dtype=torch.bfloat16)
     with torch.no_grad():
         references = [model(**inputs)[0], model(**again)[0]]
+        exact = [reference_forward(model, **call)[0] for call in (inputs, again)]  # higher precision, op by op
     fp8 = Fp8Config(min_features=16)
     keep = kopt.compile(copy.deepcopy(model), fp8=fp8, lower="eager", regional=True)
     free = kopt.compile(model, fp8=fp8, lower="eager", regional=True, release_weights=True)
     with torch.no_grad():
-        for call_inputs, reference in zip((inputs, again), references, strict=True):
+        for call_inputs, reference, fp32 in zip((inputs, again), references, exact, strict=True):
             out = free(**call_inputs)[0]
             assert torch.equal(out, keep(**call_inputs)[0])
             assert rel_err(out, reference) < 0.1  # FP8-sized, never garbage
+            assert rel_err(out, fp32) < 0.1  # and against the float32 reference, not eager bf16 alone
     released = {name for name, p in model.named_parameters() if is_released(p)}
     blocks = [name.split(".attn.to_q.weight")[0] for name, _ in model.named_parameters()
               if name.endswith(".attn.to_q.weight")]

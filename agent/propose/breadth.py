@@ -7,9 +7,8 @@ variant, and so on.
 
 Why: an end-to-end evaluation costs about a minute on a full-size model, so a budget covers a dozen
 candidates, and variants of one kernel share its fate far more than candidates of different
-families do (on LTX-Video, s14a: the three launch variants of one region measured 0.989-0.995x end
-to end, all slower, while no attention backend or pass choice had been tried). Trying each family
-once first spends the budget where the outcome is least known. Regions whose profiled headroom is
+families do (they differ only in launch parameters). Trying each family once first spends the
+budget where the outcome is least known. Regions whose profiled headroom is
 under the end-to-end bar (:func:`small_regions`) go after every other family: a pipeline choice
 can still pay there, a kernel for them can hardly. Only the order changes: with no budget limit
 every candidate is still evaluated.
