@@ -38,6 +38,8 @@ from kopt.agent.pipeline_choice import rebased, same_pipeline
 from kopt.agent.pool import AUTO, Ahead, Lookahead, VerifyEvent, VerifyJob, VerifyOutcome, make_executor, timing_gpu
 from kopt.agent.pool.job import travels
 from kopt.agent.profile import Occurrence, Profile, find_occurrences, profile_graphs
+from kopt.agent.sdpa_micro import check_attention_choice
+from kopt.agent.unchanged import changes_nothing
 from kopt.agent.verify import Verdict, VerifyConfig, verify
 from kopt.progress import show_progress
 
@@ -151,6 +153,19 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
             if not micro_result.passed:
                 return Evaluation(candidate, Status.SLOWER, micro_result.reason, verdict,
                                   micro=micro_result.measurement)
+    if candidate.kind is CandidateKind.PASS_CHOICE:
+        nothing = changes_nothing(graphs, accepted, candidate)
+        if nothing:  # the baseline's own graph: correct by construction, and no faster
+            return Evaluation(candidate, Status.SLOWER, nothing,
+                              {"kind": "unchanged-graph", "accepted": True, "checks": [], "reason": nothing})
+        if micro is not None:
+            attention = check_attention_choice(candidate, graphs, accepted, micro)
+            if attention is not None and not attention.passed:  # no measurement: the backend cannot run it
+                status = Status.SLOWER if attention.measurement else Status.REJECTED
+                unchecked = {"kind": "attention-micro", "accepted": None, "checks": [],
+                             "reason": "settled at the micro stage, before the model-output check"}
+                return Evaluation(candidate, status, attention.reason, unchecked, micro=attention.measurement)
+            micro_result = attention
     try:
         result = measure(graphs, accepted, candidate, clock, bench_config)
     except Exception as error:  # noqa: BLE001 - an evaluation that fails is recorded, never fatal

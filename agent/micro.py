@@ -65,10 +65,11 @@ class MicroBench:
         if seconds > 0:
             self.model_s = seconds if self.model_s is None else min(self.model_s, seconds)
 
-    def reachable(self, signature: str, saved_ms_each: float) -> tuple[bool, str]:
+    def reachable(self, signature: str, saved_ms_each: float, occurrences: int | None = None) -> tuple[bool, str]:
         """Amdahl: a candidate saving at most ``saved_ms_each`` per occurrence saves at most that times
-        the region's occurrences per call; below ``min_gain`` of a call the A/B cannot accept it."""
-        count = self.occurrences.get(signature)
+        the region's occurrences per call (``occurrences``, else the count recorded for ``signature``);
+        below ``min_gain`` of a call the A/B cannot accept it."""
+        count = occurrences if occurrences is not None else self.occurrences.get(signature)
         if not count or not self.model_s:
             return True, ""
         model_ms = self.model_s * 1e3
@@ -121,17 +122,23 @@ class MicroBench:
             timed = self._harness_ms(occurrence.region, candidate)
             if isinstance(timed, str):
                 return MicroResult(False, f"micro: {timed}", None)
+        against = "the accepted candidate" if incumbent else "the original region"
+        return self.judge(original, timed, against=against, signature=occurrence.region.signature)
+
+    def judge(self, original: list[float], timed: list[float], *, against: str, signature: str = "",
+              occurrences: int | None = None) -> MicroResult:
+        """The bar and the Amdahl bound on two sets of times in ms (``original``: what runs now);
+        ``occurrences`` per model call, else the count recorded for ``signature``."""
         base = statistics.median(original)
         ratios = [base / t for t in timed]
         median, low, high = bootstrap_median(ratios, self.resamples, self.seed)
         measurement = Measurement("ms", statistics.median(timed), base / high, base / low, len(timed), baseline=base)
-        against = "the accepted candidate" if incumbent else "the original region"
         numbers = (f"{against} {base:.4g} ms -> {statistics.median(timed):.4g} ms "
                    f"({median:.3f}x, 95% CI [{low:.3f}, {high:.3f}])")
         if median - 1.0 < self.min_gain:
             return MicroResult(False, f"micro: not {self.min_gain:.0%} faster at the region level: {numbers}",
                                measurement)
-        reachable, bound = self.reachable(occurrence.region.signature, base - base / high)
+        reachable, bound = self.reachable(signature, base - base / high, occurrences)
         if not reachable:
             return MicroResult(False, f"micro: cannot reach {self.min_gain:.0%} end to end: {bound} (Amdahl, "
                                f"at the CI's fast end); {numbers}", measurement)

@@ -97,3 +97,13 @@ def test_the_summary_carries_cold_and_warm_compile_time_and_peak_memory_against_
     table = summary_table({"rows": rows, "breakdown": []})
     assert "| 60.0 (30.0) | 10.0 (4.0) | 1.10× |" in table
     assert pair["call"] == "cfg-pair" and "| – | – | – |" in table.splitlines()[-1]
+
+
+def test_the_budget_scales_full_size_estimates_by_the_pace_of_this_run() -> None:
+    """A model whose variants ran in a quarter of their estimates gets a quarter of the next estimate;
+    before any ran the estimate stands; the factor is bounded both ways."""
+    from benchmarks.dit.dit import pace_factor
+
+    assert pace_factor([]) == 1.0
+    assert pace_factor([(150.0, 30.0), (120.0, 37.5)]) == pytest.approx(0.25)
+    assert pace_factor([(100.0, 1.0)]) == 0.1 and pace_factor([(10.0, 100.0)]) == 3.0

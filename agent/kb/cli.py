@@ -69,11 +69,25 @@ def _show_candidate(kb: KnowledgeBase, record: CandidateRecord) -> None:
     if candidate.get("why"):
         print(f"  why        {candidate['why']}")
     if record.verification:
-        failed = [c for c in record.verification.get("checks", []) if not c["passed"]]
-        print(f"  verified   {record.verification['reason']} ({record.verification['trials']} trials)")
-        for check in failed[:5]:
-            print(f"    - {check['name']}: {check['detail']}")
+        print("\n".join(_verification_lines(record.verification)))
     print("  source:\n" + "\n".join("    " + line for line in candidate["source"].splitlines()))
+
+
+def _verification_lines(verification: dict) -> list[str]:
+    """A region verdict (sandbox checks over trials) or a pipeline choice's (model-output checks, or
+    why it was settled without them)."""
+    if "trials" in verification:
+        failed = [c for c in verification.get("checks", []) if not c["passed"]]
+        return ([f"  verified   {verification['reason']} ({verification['trials']} trials)"]
+                + [f"    - {c['name']}: {c['detail']}" for c in failed[:5]])
+    checks = verification.get("checks", [])
+    lines = [f"  verified   {verification.get('kind', '?')}: "
+             + (verification.get("reason") or f"{sum(c['ok'] for c in checks)}/{len(checks)} model outputs "
+                "within the contract")]
+    for check in checks[:5]:
+        lines.append(f"    - graph {check['graph']} output {check['output']}: rel err {check['rel_err']:.3g}, "
+                     f"cosine {check['cosine']:.6f}{'' if check['ok'] else ' (outside the contract)'}")
+    return lines
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

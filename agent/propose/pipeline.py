@@ -11,8 +11,10 @@ For each graph, relative to ``passes="auto"`` (the base every choice records):
   (:func:`kopt.passes.pipeline.fp8_pipeline` for the default list, else ``resolve(list, fp8)``; the
   pass options recorded as JSON).
 
-Deterministic: graphs in capture order; within a graph opt-ins, then leave-outs, then attention,
-then FP8, each in pipeline order.
+Deterministic: graphs in capture order; within a graph opt-ins, then attention, then FP8, then
+leave-outs, each in pipeline order. Leave-outs come last because they are the least likely to pay
+(each default pass is in the pipeline because it pays in general), and attention choices early
+because the loop settles most of them in seconds (:mod:`kopt.agent.sdpa_micro`).
 """
 
 from __future__ import annotations
@@ -42,14 +44,23 @@ def _before_staging(names: Sequence[str], added: Sequence[str]) -> tuple[str, ..
 
 def pass_choices(base: Sequence[str]) -> list[PipelineChoice]:
     """Opt-in passes added and default passes left out (graph-independent)."""
+    return added_passes(base) + left_out_passes(base)
+
+
+def added_passes(base: Sequence[str]) -> list[PipelineChoice]:
+    """Each non-FP8 opt-in pass added before staging."""
     from kopt.passes.pipeline import opt_in_passes
 
     base = tuple(base)
-    choices = [PipelineChoice(_before_staging(base, [p.name]), base, change=f"add {p.name}")
-               for p in opt_in_passes() if p.name not in FP8_PASSES and p.name not in base]
-    choices += [PipelineChoice(tuple(n for n in base if n != name), base, change=f"drop {name}")
-                for name in base if name != "staging"]
-    return choices
+    return [PipelineChoice(_before_staging(base, [p.name]), base, change=f"add {p.name}")
+            for p in opt_in_passes() if p.name not in FP8_PASSES and p.name not in base]
+
+
+def left_out_passes(base: Sequence[str]) -> list[PipelineChoice]:
+    """Each default pass but staging left out."""
+    base = tuple(base)
+    return [PipelineChoice(tuple(n for n in base if n != name), base, change=f"drop {name}")
+            for name in base if name != "staging"]
 
 
 def attention_choices(graph_module: Any, base: Sequence[str], device: str) -> list[PipelineChoice]:
@@ -86,8 +97,9 @@ def propose_pipelines(graphs: Sequence[Any], *, device: str = "cpu", fp8: Any = 
     """Pipeline-choice candidates for every graph (module docstring)."""
     base = base_pipeline()
     for graph in graphs:
-        choices = pass_choices(base) + attention_choices(graph.graph_module, base, device)
+        choices = added_passes(base) + attention_choices(graph.graph_module, base, device)
         if fp8 is not None:
             choices += fp8_choices(base, fp8)
+        choices += left_out_passes(base)
         for choice in choices:
             yield to_candidate(graph.signature, choice)

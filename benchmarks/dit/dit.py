@@ -68,6 +68,7 @@ class Run:
     variants: list[Variant]
     log: Log
     results: dict[str, Any]
+    pace: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (estimated, taken) s per variant
 
     @property
     def device(self) -> torch.device:
@@ -301,9 +302,20 @@ def measure_warm_compile(run: Run, name: str, variant: Variant) -> None:
     run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s")
 
 
+def pace_factor(pace: list[tuple[float, float]]) -> float:
+    """How long this run's variants took against their full-size estimates (1 before any ran; kept
+    within [0.1, 3]): the estimates are written for the largest models, and a smaller one (a 2B
+    video DiT against a 20B image DiT) should not have its variants skipped on their account."""
+    estimated = sum(e for e, _ in pace)
+    if not pace or estimated <= 0:
+        return 1.0
+    return min(3.0, max(0.1, sum(t for _, t in pace) / estimated))
+
+
 def over_budget(run: Run, variant: Variant) -> str | None:
-    """Why ``variant`` is skipped (None to run it): elapsed + its full-size estimate > --budget-s."""
-    estimate = variant.estimate_full_s if run.setup.size == "full" else 0.0
+    """Why ``variant`` is skipped (None to run it): elapsed + its full-size estimate, scaled by this
+    run's pace (:func:`pace_factor`), > --budget-s."""
+    estimate = variant.estimate_full_s * pace_factor(run.pace) if run.setup.size == "full" else 0.0
     elapsed = run.log.elapsed()
     if elapsed + estimate > run.args.budget_s:
         return (f"skipped: budget (elapsed {elapsed:.0f} s + estimated {estimate:.0f} s "
@@ -371,9 +383,11 @@ def run_model(run: Run, name: str) -> None:
             run.results["rows"] += [_empty_row(name, variant.name, c, skipped) for c in calls]
             continue
         run.log(f"{name} {variant.name}: {variant.description}")
+        began = run.log.elapsed()
         run_variant(run, state, variant)
         if run.args.warm_compile:
             measure_warm_compile(run, name, variant)
+        run.pace.append((variant.estimate_full_s, run.log.elapsed() - began))
         run.save()
     eager = next((b for b in run.results["breakdown"] if b["model"] == name and b["variant"] == "eager"), None)
     attention_ms = eager["ms"]["attention"] if eager and run.device.type == "cuda" else None

@@ -74,7 +74,10 @@ def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp
     kb_path = tmp_path / "kb.sqlite"
     result = optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", seed=0, model_name="mlp")
     choices = [e for e in result.evaluations if e.candidate.kind is CandidateKind.PASS_CHOICE]
-    assert len(choices) >= 9 and all(e.verdict["kind"] == "whole-model" for e in choices)
+    timed = [e for e in choices if e.e2e is not None]
+    unchanged = [e for e in choices if e.reason.startswith("changes nothing")]
+    assert len(choices) >= 9 and len(timed) >= 2 and all(e.verdict["kind"] == "whole-model" for e in timed)
+    assert len(timed) + len(unchanged) == len(choices)
     kept = [e for e in choices if e.status is Status.ACCEPTED]
     assert len(kept) == 1 and kept[0].e2e.speedup.ci_low > 1.0 and all(q["ok"] for q in kept[0].e2e.quality)
     change = dict(kept[0].candidate.params)["change"]
@@ -95,6 +98,17 @@ def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp
     assert any("re-verified" in n and change in n for n in select.notes)
     dropped = change.removeprefix("drop ")
     assert _pass_record(plain, dropped).total_matches > 0 and _pass_record(compiled, dropped).total_matches == 0
+    # a choice settled as changing nothing drops a pass that never fires here, or adds one that matches nothing
+    assert unchanged and all(e.status is Status.SLOWER for e in unchanged)
+    for evaluation in unchanged:
+        verb, name = dict(evaluation.candidate.params)["change"].split(" ", 1)
+        assert verb in ("drop", "add")
+        ran = plain
+        if verb == "add":
+            ran = kopt.compile(model, passes=list(from_candidate(evaluation.candidate).passes), lower="eager",
+                               kb=False, check_lowering=False)
+            ran(fresh)
+        assert _pass_record(ran, name).total_matches == 0
     assert _rel_err(out, reference_forward(model, fresh)) < 1e-5
 
     kept_passes = from_candidate(kept[0].candidate).passes

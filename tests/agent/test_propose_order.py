@@ -55,3 +55,17 @@ def test_small_regions_are_those_a_floor_kernel_could_not_move_by_the_bar():
     profile = types.SimpleNamespace(total_s=0.100, regions=[region("x", 0.0005), region("y", 0.002)])
     assert small_regions(profile, 0.01) == {"x"}  # 0.5 % and 2 % of a 100 ms call, against a 1 % bar
     assert small_regions(types.SimpleNamespace(total_s=0.0, regions=[]), 0.01) == set()
+
+
+def test_pipeline_choices_add_then_attention_then_leave_out():
+    """Within a graph: opt-in passes added, then attention backends (settled in seconds by their
+    micro check), then default passes left out (the least likely to pay)."""
+    from kopt.agent.graphs import capture_graphs
+    from kopt.agent.propose.pipeline import propose_pipelines
+    from tests.agent.tiny_models import tiny_attention_block
+
+    model, inputs = tiny_attention_block()
+    changes = [dict(c.params)["change"] for c in propose_pipelines(capture_graphs(model, inputs), device="cpu")]
+    kinds = [change.split(" ", 1)[0] for change in changes]
+    assert kinds == sorted(kinds, key=["add", "attention", "drop"].index)
+    assert {"add", "attention", "drop"} == set(kinds)
