@@ -114,7 +114,7 @@ def check_attention_choice(candidate: Candidate, graphs: Sequence[Any], accepted
     inputs = attention_inputs(nodes[0], device, seed=int(candidate.content_hash[:8], 16))
     try:
         now, new_ms = time_backends(inputs, current, backend, device)
-    except RuntimeError as error:  # e.g. "No available kernel": the backend does not take this shape
+    except (RuntimeError, ValueError, NotImplementedError) as error:  # e.g. "No available kernel"
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return MicroResult(False, f"micro: attention {shape} cannot run on {backend}: {first_line[:200]}", None)
     return micro.judge(now, new_ms, against=f"attention {shape} on {current}", signature=candidate.region_signature,

@@ -136,8 +136,8 @@ def test_loop_keeps_a_pipeline_choice_prunes_by_micro_and_compile_applies_it(tmp
 def test_fp8_config_gives_one_choice_per_granularity_with_the_config_kept():
     """With an FP8 config, each granularity is a choice whose fp8-linear gets that config (the user's
     skip patterns kept), built again from the JSON the KB stores."""
-    from kopt.fp8.config import Fp8Config, Granularity
     from kopt.agent.propose.pipeline import fp8_choices
+    from kopt.fp8.config import Fp8Config, Granularity
 
     config = Fp8Config(skip=("*.proj_out.*",), min_features=64)
     choices = fp8_choices(base_pipeline(), config)

@@ -3,6 +3,7 @@
 
 import dataclasses
 
+import pytest
 import torch
 
 from kopt.agent.bench import applied_one
@@ -135,3 +136,19 @@ def test_kb_show_prints_a_pipeline_choice_verdict(tmp_path, capsys):
     assert "whole-model" in shown and "cosine" in shown and "model outputs within the contract" in shown
     assert main(["kb", "--kb", str(kb_path), "show", hashes[settled.candidate.content_hash][:12]]) == 0
     assert "unchanged-graph: changes nothing" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_attention_micro_on_the_gpu_times_each_backend_the_device_offers():
+    """On CUDA, every other backend proposed for a bf16 attention is either timed (a measurement with
+    both medians) or settled as unable to run; none raises."""
+    model, inputs = tiny_attention_block(width=128, seq=1024)
+    model = model.to("cuda", torch.bfloat16)
+    graph = capture_graphs(model, tuple(t.to("cuda", torch.bfloat16) for t in inputs))[0]
+    choices = attention_choices(graph.graph_module, base_pipeline(), "cuda")
+    assert choices
+    for choice in choices:
+        result = check_attention_choice(to_candidate(graph.signature, choice), [graph], {}, MicroBench(_Wall()))
+        assert result is not None
+        assert (result.measurement is not None and result.measurement.median > 0) or "cannot run" in result.reason
