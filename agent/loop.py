@@ -57,6 +57,7 @@ class Evaluation:
     verdict: Verdict | dict | None = None
     e2e: E2EResult | None = None
     micro: Measurement | None = None
+    seconds: float = 0.0  # wall time this evaluation took in the loop (verification, micro, end to end)
 
 
 @dataclasses.dataclass
@@ -299,9 +300,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 if verified is not None and verified.event is not None:
                     event = verified.event
                     log.info("agent: verified ahead on %s in %.1f s", event.worker, event.ended - event.started)
+                began = time.monotonic()
                 evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
                                       verify_config, bench_config, bench, first.get(candidate.region_signature),
                                       verified)
+                evaluation = dataclasses.replace(evaluation, seconds=time.monotonic() - began)
                 e2e = evaluation.e2e.speedup if evaluation.e2e else None
                 if e2e is not None and bench is not None and e2e.baseline:
                     bench.saw_model_call(e2e.baseline)  # the Amdahl bound's base (kopt.agent.micro)

@@ -8,17 +8,20 @@ from typing import Any
 
 def candidate_table(result: Any) -> str:
     """One line per evaluated candidate: region, kind, parameters, status, E2E speedup with CI, reason."""
-    lines = [f"{'region':<12} {'kind':<16} {'params':<28} {'status':<9} {'speedup [95% CI]':<26} reason",
-             "-" * 120]
+    lines = [f"{'region':<12} {'kind':<16} {'params':<28} {'status':<9} {'s':>6} {'speedup [95% CI]':<26} reason",
+             "-" * 127]
     for evaluation in result.evaluations:
         candidate = evaluation.candidate
         params = ",".join(f"{k}={v}" for k, v in candidate.params if k != "generator") or candidate.origin
         e2e = evaluation.e2e.speedup if evaluation.e2e else None
         numbers = f"{e2e.median:.4f}x [{e2e.ci_low:.4f}, {e2e.ci_high:.4f}]" if e2e else "-"
         lines.append(f"{candidate.region_signature[:12]:<12} {candidate.kind.value:<16} {params[:28]:<28} "
-                     f"{evaluation.status.value:<9} {numbers:<26} {evaluation.reason[:90]}")
+                     f"{evaluation.status.value:<9} {evaluation.seconds:>6.1f} {numbers:<26} {evaluation.reason[:90]}")
     accepted = sum(1 for e in result.evaluations if e.status.value == "accepted")
-    lines.append(f"{len(result.evaluations)} evaluated ({accepted} accepted), {result.skipped} skipped "
+    timed = [e for e in result.evaluations if e.e2e is not None]
+    lines.append(f"{len(result.evaluations)} evaluated ({accepted} accepted; {len(timed)} timed end to end in "
+                 f"{sum(e.seconds for e in timed):.0f} s, {len(result.evaluations) - len(timed)} settled before "
+                 f"in {sum(e.seconds for e in result.evaluations if e.e2e is None):.0f} s), {result.skipped} skipped "
                  f"(already in the knowledge base), {len(result.resumed)} accepted earlier; clock: "
                  f"{result.clock.name}; {result.elapsed_s:.0f} s" + (f"; stopped: {result.stopped}" if result.stopped
                                                                       else ""))

@@ -55,7 +55,7 @@ def main() -> None:
                          "floor_s": r.floor.seconds, "bound": r.floor.bound} for r in result.profile.regions],
             "evaluations": [{"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
                              "kind": e.candidate.kind.value, "params": dict(e.candidate.params),
-                             "status": e.status.value, "reason": e.reason,
+                             "status": e.status.value, "reason": e.reason, "seconds": e.seconds,
                              "e2e": e.e2e.to_dict() if e.e2e else None} for e in result.evaluations]}
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
     (out / f"{stem}.md").write_text(

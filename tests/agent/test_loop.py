@@ -62,6 +62,9 @@ def test_loop_accepts_rejects_stores_and_resumes(tmp_path):
     plot = first.plot(tmp_path / "regions.png")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "accepted" in first.table() and "slower" in first.table()
+    assert all(e.seconds > 0 for e in first.evaluations)  # each evaluation's wall time, in the table
+    timed = [e for e in first.evaluations if e.e2e is not None]
+    assert f"{len(timed)} timed end to end in {sum(e.seconds for e in timed):.0f} s" in first.table()
 
     second = optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", seed=0, model_name="mlp")
     assert second.evaluations == [] and second.skipped == len(first.evaluations)
