@@ -7,8 +7,15 @@ sandboxed verifier (:mod:`kopt.agent.verify`) may be applied, which is the calle
 (:mod:`kopt.agent.loop`, :mod:`kopt.agent.auto`).
 
 Why a replacement is valid: the candidate was verified against the region with this signature, and a
-signature fixes the computation, the shapes, the dtypes and the strides; the occurrence's canonical
-inputs and outputs (``Region.input_nodes`` / ``output_nodes``) are exactly the candidate's.
+signature fixes the computation, the shapes, the dtypes and the input strides; the occurrence's
+canonical inputs (``Region.input_nodes``) are exactly the candidate's. The outputs' strides are not
+fixed by it: canonical form orders the operands of commutative ops, and an elementwise op's output
+takes the layout of its operands in order, so the canonical region (what the candidate was verified
+against) can return another layout than the model computes at one occurrence (RoPE's ``q * cos``
+against ``cos * q`` with ``q`` transposed), while its recorded output specs (and the op's fake
+implementation) carry the model's. Later ops were traced with the model's layout (a
+``view`` may need it), so an occurrence is replaced only where the two layouts agree
+(:func:`layout_agrees`); elsewhere the region stays as it is.
 """
 
 from __future__ import annotations
@@ -112,15 +119,54 @@ def replace_occurrence(graph: torch.fx.Graph, occurrence: Any, candidate: Candid
     return call
 
 
+_NATIVE_STRIDES: dict[str, list[tuple[int, ...]]] = {}
+
+
+def native_strides(region: Any) -> list[tuple[int, ...]]:
+    """The strides of what the canonical region returns for inputs of its recorded layouts (a
+    FakeTensor run): the layout the verifier held a candidate's outputs to."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if region.signature not in _NATIVE_STRIDES:
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with fake_mode:
+            inputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in region.inputs]
+        with fake_mode, torch.no_grad():
+            outputs = region.graph_module(*inputs)
+        _NATIVE_STRIDES[region.signature] = [tuple(int(d) for d in o.stride()) for o in outputs]
+    return _NATIVE_STRIDES[region.signature]
+
+
+def layout_agrees(occurrence: Any) -> str:
+    """Empty if every output of the model at ``occurrence`` has the layout the canonical region
+    returns (what a candidate for it was verified to return), else which output differs."""
+    region = occurrence.region
+    for k, (node, strides) in enumerate(zip(region.output_nodes, native_strides(region), strict=True)):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and not all(
+                size == 1 or a == b for size, a, b in zip(value.shape, value.stride(), strides, strict=True)):
+            return (f"output {k} has strides {tuple(value.stride())} here, the canonical region's {strides}: "
+                    "later ops were traced with this occurrence's layout")
+    return ""
+
+
 def apply_candidates(graph_module: torch.fx.GraphModule, chosen: Mapping[str, Candidate],
                      ctx: PassContext | None = None) -> int:
-    """Replace every occurrence of a region in ``chosen`` (signature -> candidate); returns how many."""
+    """Replace every occurrence of a region in ``chosen`` (signature -> candidate) whose outputs have
+    the region's layout (:func:`layout_agrees`); returns how many were replaced."""
     from kopt.agent.profile import find_occurrences
 
     count, replaced = 0, {}
     for occurrence in find_occurrences(graph_module):
         candidate = chosen.get(occurrence.region.signature)
-        if candidate is None or (ctx is not None and not ctx.fire(RULE, occurrence.region.output_nodes[-1])):
+        if candidate is None:
+            continue
+        differs = layout_agrees(occurrence)
+        if differs:
+            if ctx is not None:
+                ctx.decline(RULE, occurrence.region.output_nodes[-1], differs)
+            continue
+        if ctx is not None and not ctx.fire(RULE, occurrence.region.output_nodes[-1]):
             continue
         replace_occurrence(graph_module.graph, occurrence, candidate, replaced)
         count += 1
