@@ -123,17 +123,16 @@ _NATIVE_STRIDES: dict[str, list[tuple[int, ...]]] = {}
 
 
 def native_strides(region: Any) -> list[tuple[int, ...]]:
-    """The strides of what the canonical region returns for inputs of its recorded layouts (a
-    FakeTensor run): the layout the verifier held a candidate's outputs to."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """The strides of what the canonical region returns at its own shapes and input layouts: the
+    verifier's own expectation (:func:`kopt.agent.verify.reference.expected_outputs`, a FakeTensor
+    run), which a candidate's outputs were held to."""
+    from kopt.agent.verify.plan import TrialPlan
+    from kopt.agent.verify.reference import expected_outputs
 
     if region.signature not in _NATIVE_STRIDES:
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with fake_mode:
-            inputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in region.inputs]
-        with fake_mode, torch.no_grad():
-            outputs = region.graph_module(*inputs)
-        _NATIVE_STRIDES[region.signature] = [tuple(int(d) for d in o.stride()) for o in outputs]
+        layouts = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta") for s in region.inputs]
+        outputs = expected_outputs(region, TrialPlan((), (), 0), layouts)
+        _NATIVE_STRIDES[region.signature] = [tuple(o.stride) for o in outputs]
     return _NATIVE_STRIDES[region.signature]
 
 

@@ -33,12 +33,12 @@ def _backends(choice: Candidate | None) -> dict[str, str]:
     return dict(from_candidate(choice).sdpa) if choice is not None and choice.kind is CandidateKind.PASS_CHOICE else {}
 
 
-def _filled(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """A tensor with ``value``'s shape, dtype and strides, on its device, with random contents."""
-    out = torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device=value.device)
-    if value.dtype == torch.bool:
-        return out.copy_(torch.rand(tuple(value.shape), generator=generator) < 0.9)
-    return out.copy_(torch.randn(tuple(value.shape), generator=generator))
+def _filled(meta: torch.Tensor, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+    """A tensor with ``meta``'s shape, dtype and strides, on ``device``, with random contents."""
+    out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype, device=device)
+    if meta.dtype == torch.bool:
+        return out.copy_(torch.rand(tuple(meta.shape), generator=generator) < 0.9)
+    return out.copy_(torch.randn(tuple(meta.shape), generator=generator))
 
 
 def attention_inputs(node: torch.fx.Node, device: torch.device, seed: int = 0) -> tuple:
@@ -48,15 +48,9 @@ def attention_inputs(node: torch.fx.Node, device: torch.device, seed: int = 0) -
     args = _arguments(node)
     generator = torch.Generator().manual_seed(seed)
     mask_node = args.get("attn_mask", args.get("attn_bias"))
-
-    def value(of: Any) -> torch.Tensor:
-        meta = of.meta["val"]
-        return _filled(torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype,
-                                           device=device), generator)
-
-    mask = value(mask_node) if isinstance(mask_node, torch.fx.Node) else None
-    return (value(args["query"]), value(args["key"]), value(args["value"]), mask,
-            bool(args.get("is_causal", False)), args.get("scale"))
+    q, k, v = (_filled(args[name].meta["val"], device, generator) for name in ("query", "key", "value"))
+    mask = _filled(mask_node.meta["val"], device, generator) if isinstance(mask_node, torch.fx.Node) else None
+    return q, k, v, mask, bool(args.get("is_causal", False)), args.get("scale")
 
 
 def _time_ms(inputs: tuple, backend: str, device: torch.device) -> float:
