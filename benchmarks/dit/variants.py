@@ -205,6 +205,30 @@ def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
     return prepare
 
 
+def _without_pdl(prepare: Callable[[nn.Module, Setup], Prepared]) -> Callable[[nn.Module, Setup], Prepared]:
+    """``prepare`` with kopt's kernels launched without programmatic dependent launch (``KOPT_PDL=0``) for
+    as long as the variant lives: its CUDA graphs are recorded after ``prepare`` returns, at the first calls,
+    and keep the launch attributes they were recorded with. Measures what PDL does next to library
+    kernels (cuBLAS, cuDNN) that may let a dependent launch while they still run."""
+    import os
+
+    def prepare_without(model: nn.Module, setup: Setup) -> Prepared:
+        before = os.environ.get("KOPT_PDL")
+        os.environ["KOPT_PDL"] = "0"
+        prepared = prepare(model, setup)
+
+        def undo() -> None:
+            prepared.undo()
+            if before is None:
+                os.environ.pop("KOPT_PDL", None)
+            else:
+                os.environ["KOPT_PDL"] = before
+
+        return dataclasses.replace(prepared, notes=[*prepared.notes, "KOPT_PDL=0"], undo=undo)
+
+    return prepare_without
+
+
 # ---------------------------------------------------------------- the registry
 
 
@@ -226,6 +250,10 @@ def all_variants() -> list[Variant]:
     estimates = {"kopt-eager": 120}  # FLUX.1-dev config on an H200: ~125 s compile, timing and profile
     variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
                          estimate_full_s=estimates.get(name, 150)) for name, options in KOPT_OPTIONS.items()]
+    variants += [Variant(f"{name}-nopdl", f"{name} with KOPT_PDL=0 (no programmatic dependent launch)",
+                         _without_pdl(_kopt(options)), cfg_pair=True, estimate_full_s=120)
+                 for name, options in (("kopt-regional", dict(passes="auto", regional=True)),
+                                       ("kopt-regional-fp8-attn", KOPT_OPTIONS["kopt-regional-fp8-attn"]))]
     variants += [
         # frees the module's bf16 weights that the compiled graph no longer reads: nothing can run
         # on the model after it, so it is the only model-mutating variant of its process
@@ -254,7 +282,8 @@ def all_variants() -> list[Variant]:
 
 DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
 DEFAULT_TINY = tuple(v.name for v in all_variants()
-                     if not v.exclusive and not v.name.startswith(("kopt-no-", "kopt-fused")))
+                     if not v.exclusive and not v.name.startswith(("kopt-no-", "kopt-fused"))
+                     and not v.name.endswith("-nopdl"))
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
