@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Where a kopt row's time differs from its best baseline's: per kernel category, and per library kernel.
+
+    python benchmarks/dit/gap.py benchmarks/results/dit-full-ltx-video-s16a.json [--against VARIANT]
+
+For every profiled kopt forward of the file, against the fastest baseline of its precision (the
+summary table's, :func:`benchmarks.dit.summary.best_baselines`) or against ``--against``: the kernel
+time per category (GEMM, attention, norm/elementwise, copies, other) and the host gap, kopt minus
+baseline; the library kernels (GEMM, attention) that both forwards ran under the same name, with
+their time in each; and what kopt's median would be if its GEMM and attention kernels took the
+baseline's time. Why it is the right question for issue 9's goals: kopt rewrites the graph around
+the GEMMs and attention, which both sides hand to the same libraries, so a gap that sits in those
+kernels is not a rewrite's but a matter of how the forward runs them (clocks, launch overlap,
+operand layouts); a gap elsewhere is the rewrites'.
+
+A kernel launched with programmatic dependent launch starts before the kernel ahead of it has
+finished and waits on the device, and its profiled duration includes that wait: where the kernels'
+summed time exceeds the forward's median (a negative host gap), the per-category times overlap and
+the report says so. ``dit.py``'s ``-nopdl`` variants give an attribution without overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    import sys
+
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.dit.summary import best_baselines, precision  # noqa: E402
+
+CATEGORIES = ("gemm", "attention", "norm_elementwise", "copies", "other")
+LIBRARY = ("gemm", "attention")
+
+
+def _breakdown(results: Mapping[str, Any], model: str, variant: str) -> Mapping[str, Any] | None:
+    return next((b for b in results.get("breakdown") or []
+                 if (b["model"], b["variant"], b["call"]) == (model, variant, "forward")), None)
+
+
+def _median(results: Mapping[str, Any], model: str, variant: str) -> float | None:
+    return next((r.get("median_ms") for r in results["rows"]
+                 if (r["model"], r["variant"], r["call"]) == (model, variant, "forward")), None)
+
+
+def compare(results: Mapping[str, Any], model: str, kopt: str, baseline: str) -> dict[str, Any] | None:
+    """The two forwards' category times, their library kernels by name, and the median kopt would have
+    with the baseline's library-kernel times; None where either forward was not profiled."""
+    mine, theirs = _breakdown(results, model, kopt), _breakdown(results, model, baseline)
+    kopt_ms, base_ms = _median(results, model, kopt), _median(results, model, baseline)
+    if mine is None or theirs is None or kopt_ms is None or base_ms is None:
+        return None
+    categories = {c: (theirs["ms"].get(c, 0.0), mine["ms"].get(c, 0.0)) for c in CATEGORIES}
+    categories["host gap"] = (theirs.get("gap_ms", 0.0), mine.get("gap_ms", 0.0))
+    theirs_by_name = {k["name"]: k for k in theirs["top"] if k["category"] in LIBRARY}
+    shared = [{"name": k["name"], "category": k["category"], "kopt_calls": k["calls_per_forward"],
+               "baseline_calls": theirs_by_name[k["name"]]["calls_per_forward"],
+               "baseline_ms": theirs_by_name[k["name"]]["ms"], "kopt_ms": k["ms"]}
+              for k in mine["top"] if k["name"] in theirs_by_name]
+    library_excess = sum(mine["ms"].get(c, 0.0) - theirs["ms"].get(c, 0.0) for c in LIBRARY)
+    with_their_library = kopt_ms - library_excess
+    overlap = max(0.0, mine["kernel_ms"] - kopt_ms) if "kernel_ms" in mine else 0.0
+    return {"model": model, "kopt": kopt, "baseline": baseline, "kopt_ms": kopt_ms, "baseline_ms": base_ms,
+            "overlap_ms": overlap, "gain_pct": 100.0 * (base_ms - kopt_ms) / base_ms,
+            "categories": categories, "shared": shared,
+            "library_excess_ms": library_excess,
+            "gain_with_their_library_pct": 100.0 * (base_ms - with_their_library) / base_ms}
+
+
+def pairs(results: Mapping[str, Any], against: str | None) -> list[tuple[str, str, str]]:
+    """(model, kopt variant, baseline variant) for every kopt forward row of the file."""
+    best = best_baselines(results)
+    out = []
+    for row in results["rows"]:
+        if row["call"] != "forward" or not row["variant"].startswith("kopt") or row["variant"] == against:
+            continue
+        base = against or (best.get((row["model"], "forward", precision(row["variant"]))) or {}).get("variant")
+        if base:
+            out.append((row["model"], row["variant"], base))
+    return out
+
+
+def report(results: Mapping[str, Any], against: str | None = None) -> str:
+    """Markdown: one section per kopt forward with both forwards profiled."""
+    lines: list[str] = []
+    for model, kopt, baseline in pairs(results, against):
+        c = compare(results, model, kopt, baseline)
+        if c is None:
+            lines.append(f"{model}: {kopt} or {baseline} has no profiled forward in this file\n")
+            continue
+        lines += [f"## {model}: {kopt} {c['kopt_ms']:.2f} ms against {baseline} {c['baseline_ms']:.2f} ms "
+                  f"({c['gain_pct']:+.1f} % faster)", "",
+                  "| kernel time per forward | baseline ms | kopt ms | kopt − baseline |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {b:.2f} | {k:.2f} | {k - b:+.2f} |" for name, (b, k) in c["categories"].items()]
+        lines += ["", _shared_table(c["shared"]), "",
+                  f"With the baseline's GEMM and attention kernel times ({c['library_excess_ms']:+.2f} ms in kopt's), "
+                  f"kopt would be {c['gain_with_their_library_pct']:+.1f} % faster.", ""]
+        if c["overlap_ms"] > 0:
+            lines += [f"kopt's kernels add up to {c['overlap_ms']:.2f} ms more than its median: kernels overlapped "
+                      "(one launched with programmatic dependent launch counts its wait for the one before), or the "
+                      "profiled forward ran slower than the median.", ""]
+    return "\n".join(lines)
+
+
+def _shared_table(shared: Sequence[Mapping[str, Any]]) -> str:
+    if not shared:
+        return "No GEMM or attention kernel ran under the same name in both forwards' largest kernels."
+    rows = ["| library kernel (same name in both) | calls baseline / kopt | baseline ms | kopt ms | kopt − baseline |",
+            "|---|---:|---:|---:|---:|"]
+    for s in shared:
+        same = s["baseline_calls"] == s["kopt_calls"]
+        delta = f"{s['kopt_ms'] - s['baseline_ms']:+.2f}" if same else "– (other shapes)"
+        rows.append(f"| {s['name'][:70]} | {s['baseline_calls']:.0f} / {s['kopt_calls']:.0f} | {s['baseline_ms']:.2f} "
+                    f"| {s['kopt_ms']:.2f} | {delta} |")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="a dit.py results JSON with profiled forwards")
+    parser.add_argument("--against", default=None, help="compare every kopt row with this variant instead")
+    args = parser.parse_args(argv)
+    print(report(json.loads(args.results.read_text()), args.against))
+
+
+if __name__ == "__main__":
+    main()
