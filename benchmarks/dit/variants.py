@@ -157,6 +157,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
     # regional compilation (compile time of a few blocks) with FP8 linears and attention
     "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
+    # regional bf16 with weight changes noticed by version counter and storage only (no comparison on a side stream)
+    "kopt-regional-version-check": dict(passes="auto", regional=True, weight_check="version"),
     # the same without the per-call checksum of the bf16 weights behind the FP8 copies (what it costs)
     "kopt-regional-fp8-attn-version-check": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True),
                                                  weight_check="version"),
