@@ -112,21 +112,41 @@ class WallClock:
 
     ``lower="eager"`` runs them as FX op by op; ``lower="inductor"`` lowers each with Inductor
     (:func:`kopt.lower.lower`), as ``kopt.compile`` does, so a GPU number is what a user gets (kopt's
-    staging split and CUDA graphs are not applied here; both act alike on A and B)."""
+    staging split is not applied here; it acts alike on A and B).
+
+    ``replay`` (default: on a GPU with ``lower="inductor"``): each side's graphs are recorded once as
+    one CUDA graph and every sample replays it, as ``kopt.compile`` replays the forward. Without it a
+    rewrite that only removes launches shows a gain the user never sees (launch time is what replay
+    removes), so an A/B on a GPU must replay. A side whose graphs cannot be recorded (a host
+    synchronisation, a CPU tensor) is timed as plain calls, as the user would run it, and
+    :attr:`unreplayed` says why."""
 
     graphs: Sequence[Any]
     name: str = "wall"
     lower: str = "eager"
+    replay: bool | None = None
 
     def __post_init__(self) -> None:
         if self.lower not in ("eager", "inductor"):
             raise ValueError(f"lower must be 'eager' or 'inductor', got {self.lower!r}")
+        device = next((a.device for g in self.graphs for a in g.args if isinstance(a, torch.Tensor)), None)
+        on_gpu = device is not None and device.type == "cuda"
+        if self.replay is None:
+            self.replay = on_gpu and self.lower == "inductor"
+        elif self.replay and not on_gpu:
+            raise ValueError("replay=True needs graphs whose inputs are on a CUDA device")
         if self.lower == "inductor" and self.name == "wall":
-            self.name = "wall-inductor"
+            self.name = "wall-inductor-graphs" if self.replay else "wall-inductor"
         self._built: dict[tuple[str, ...], list[Any]] = {}
+        self._recorded: dict[tuple[str, ...], Any] = {}  # key -> torch.cuda.CUDAGraph, or None: plain calls
+        self.unreplayed: dict[tuple[str, ...], str] = {}  # key -> why that side runs as plain calls
+
+    @staticmethod
+    def _key(chosen: Mapping[str, Candidate]) -> tuple[str, ...]:
+        return tuple(sorted(c.content_hash for c in chosen.values()))
 
     def _modules(self, chosen: Mapping[str, Candidate]) -> list[Any]:
-        key = tuple(sorted(c.content_hash for c in chosen.values()))
+        key = self._key(chosen)
         if key in self._built:
             self._built[key] = self._built.pop(key)  # most recently used last
         else:
@@ -134,7 +154,9 @@ class WallClock:
             # used goes: the baseline A, timed first in every pair, stays built from one candidate to
             # the next (evicting the oldest instead lowered the whole model twice per candidate).
             while len(self._built) >= 2:
-                self._built.pop(next(iter(self._built)))
+                evicted = next(iter(self._built))
+                self._built.pop(evicted)
+                self._recorded.pop(evicted, None)  # its graph's memory pool goes with it
             modules: list[Any] = applied(self.graphs, chosen)
             if self.lower == "inductor":
                 from kopt.config import Lowering
@@ -147,15 +169,40 @@ class WallClock:
             self._built[key] = modules
             for _ in range(2):  # warm-up: kernels compile at their first launch, lazy setup at the second
                 _run_all(self._built[key], self.graphs)
+            if self.replay:
+                self._recorded[key] = self._record(key, modules)
         return self._built[key]
+
+    def _record(self, key: tuple[str, ...], modules: Sequence[Any]) -> Any:
+        """One CUDA graph of ``modules`` run in order on the graphs' fixed inputs, or None (plain calls)."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                _run_all(modules, self.graphs)
+            graph.replay()
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001 - any failure to record means plain calls, said once
+            why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            self.unreplayed[key] = why
+            import logging
+
+            logging.getLogger("kopt").warning("agent: timing one side as plain calls, its graphs could not be "
+                                              "recorded as a CUDA graph: %s", why)
+            return None
+        return graph
 
     def time_once(self, chosen: Mapping[str, Candidate]) -> float:
         modules = self._modules(chosen)
+        recorded = self._recorded.get(self._key(chosen))
         device = next((a.device for g in self.graphs for a in g.args if isinstance(a, torch.Tensor)), None)
         sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
         sync()
         start = time.perf_counter()
-        _run_all(modules, self.graphs)
+        if recorded is not None:
+            recorded.replay()
+        else:
+            _run_all(modules, self.graphs)
         sync()
         return time.perf_counter() - start
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -179,6 +180,18 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
     return Evaluation(candidate, status, result.reason, verdict, result, micro=measured)
 
 
+def overrun(evaluations: Sequence[Any], deadline: float, now: float) -> float | None:
+    """The seconds an end-to-end evaluation takes (median of those so far) when fewer are left before
+    ``deadline``, else None. Why the median of the end-to-end ones: they dominate a run (a whole-model
+    A/B against seconds for a candidate settled before it), and a budget that is the GPU time one lease
+    gives must not be overrun by the candidate started last."""
+    seconds = [e.seconds for e in evaluations if e.e2e is not None and e.seconds]
+    if not seconds:
+        return None
+    expected = statistics.median(seconds)
+    return expected if now + expected > deadline else None
+
+
 def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *, budget_min: float = 20.0,
              proposer: str = "search", kb_path: str | Path | None = None, seed: int = 0, clock: Any = None,
              verify_config: VerifyConfig | None = None, bench_config: BenchConfig | None = None,
@@ -189,7 +202,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
 
     Args:
         model, example_inputs: the model and one call's inputs (a sequence or keyword mapping).
-        budget_min: wall-clock budget; the candidate in flight when it runs out finishes.
+        budget_min: wall-clock budget. No candidate starts once what is left is shorter than the median
+            end-to-end evaluation so far (:func:`overrun`); the candidate in flight finishes.
         proposer: ``"search"`` (offline), ``"llm"`` (the anthropic SDK; recordings replay without a key),
             or ``"all"``.
         kb_path: the SQLite knowledge base (default ``~/.cache/kopt/kb.sqlite``).
@@ -276,6 +290,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 candidate = ahead.candidate
                 if time.monotonic() > deadline:
                     stopped = f"budget of {budget_min:g} min used"
+                    break
+                expected = overrun(evaluations, deadline, time.monotonic())
+                if expected is not None:
+                    stopped = (f"budget of {budget_min:g} min: {deadline - time.monotonic():.0f} s left, "
+                               f"an end-to-end evaluation takes about {expected:.0f} s")
                     break
                 if max_candidates is not None and len(evaluations) >= max_candidates:
                     stopped = f"{max_candidates} candidates evaluated"

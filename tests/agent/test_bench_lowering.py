@@ -1,5 +1,6 @@
 """The end-to-end clock can time what users get: the graphs lowered by Inductor (CPU here, C++)."""
 
+import pytest
 import torch
 
 from kopt.agent.bench import WallClock, applied
@@ -45,3 +46,29 @@ def test_the_baseline_is_built_once_across_candidates(monkeypatch):
         a, b = bench.interleaved(clock, {}, {candidate.region_signature: candidate}, 4)
         assert len(a) == len(b) == 4
     assert built == [(), (first.region_signature,), (second.region_signature,)]
+
+
+def test_replay_is_off_on_the_cpu_and_cannot_be_forced_there():
+    """CUDA-graph replay of the A/B sides is a GPU matter: off by default on the CPU, an error when asked."""
+    model, inputs = tiny_attention_block()
+    graphs = capture_graphs(model, inputs)
+    assert WallClock(graphs, lower="inductor").replay is False
+    with pytest.raises(ValueError, match="CUDA device"):
+        WallClock(graphs, lower="inductor", replay=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_a_b_replays_each_side_from_a_cuda_graph():
+    """On a GPU the lowered graphs of each side are recorded once and replayed per sample (what
+    kopt.compile users get)."""
+    model, inputs = tiny_attention_block()
+    model = model.cuda()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    graphs = capture_graphs(model, inputs)
+    clock = WallClock(graphs, lower="inductor")
+    assert clock.replay and clock.name == "wall-inductor-graphs"
+    samples = clock.samples({}, 3, 0)
+    assert len(samples) == 3 and all(s > 0 for s in samples)
+    recorded = clock._recorded[()]
+    assert recorded is not None and not clock.unreplayed
