@@ -1,0 +1,57 @@
+"""benchmarks/dit/goals.py: issue 9's goals per model, from the result files that measured them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.dit.goals import goal_rows, main
+
+
+def _row(variant: str, ms: float, compile_s: float, peak: float, **extra) -> dict:
+    return {"model": "m", "variant": variant, "call": "forward", "status": "ok", "median_ms": ms,
+            "compile_s": compile_s, "peak_gb": peak, **extra}
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text(json.dumps({"rows": rows, "breakdown": [],
+                                "per_model": {"m": {"eager_vs_reference": {"rel_err": 0.02}}}}))
+    return path
+
+
+def test_same_process_pairs_and_goals(tmp_path):
+    first = _write(tmp_path / "a.json", [
+        _row("eager", 200.0, 0.0, 10.0),
+        _row("torch.compile+graphs", 100.0, 10.0, 10.5),
+        _row("kopt-regional", 94.0, 14.0, 10.8, warm_compile_s=6.0, rel_err=0.015),
+        _row("fp8+torch.compile-fast-accum+graphs", 80.0, 10.0, 6.0),
+        _row("kopt-regional-fp8-attn", 72.0, 20.0, 16.0, warm_compile_s=12.0, cosine=0.9995),
+    ])
+    bf16, fp8 = goal_rows([first])
+    assert (bf16["variant"], bf16["baseline"], bf16["same_process"]) == ("kopt-regional", "torch.compile+graphs", True)
+    assert abs(bf16["gain_pct"] - 6.0) < 1e-9 and bf16["speed_goal_met"]
+    assert abs(bf16["cold_ratio"] - 1.4) < 1e-9 and bf16["cold_goal_met"] and bf16["warm_goal_met"]
+    assert abs(bf16["peak_vs_eager"] - 1.08) < 1e-9 and bf16["peak_goal_met"]
+    assert bf16["accuracy_goal_met"]  # 0.015 against eager's 0.02
+    assert abs(fp8["gain_pct"] - 10.0) < 1e-9 and fp8["speed_goal_met"] is False  # 10 % < 12 %
+    assert fp8["cold_goal_met"] is False and fp8["warm_goal_met"] is False and fp8["peak_goal_met"] is False
+    assert fp8["accuracy_goal_met"]  # cosine 0.9995 >= 0.999
+
+
+def test_a_baseline_from_another_run_is_marked(tmp_path):
+    kopt_only = _write(tmp_path / "k.json", [_row("kopt-regional", 95.0, 5.0, 1.0, rel_err=0.03)])
+    base_only = _write(tmp_path / "b.json", [_row("torch.compile+graphs", 100.0, 5.0, 1.0)])
+    (row,) = goal_rows([kopt_only, base_only])
+    assert row["same_process"] is False and row["baseline_file"] == "b.json"
+    assert row["accuracy_goal_met"] is False  # 0.03 is farther from fp32 than eager's 0.02
+    assert row["peak_vs_eager"] is None  # no eager row: not judged
+
+
+def test_writes_markdown_and_json(tmp_path, capsys):
+    source = _write(tmp_path / "a.json", [_row("torch.compile+graphs", 100.0, 10.0, 1.0),
+                                          _row("kopt-regional", 97.0, 12.0, 1.0)])
+    main([str(source), "--out", str(tmp_path / "goals")])
+    text = (tmp_path / "goals.md").read_text()
+    assert "+3.0 % (≥ 5 %: **not met**)" in text and "a.json" in text
+    assert json.loads((tmp_path / "goals.json").read_text())[0]["gain_pct"] == 3.0
+    assert "kopt-regional" in capsys.readouterr().out
