@@ -98,8 +98,8 @@ def describe_weights(weights: dict[str, Any]) -> str:
         return text + " (from no module weight: nothing to watch)"
     if weights["check"] == "none":
         return text + f"; {weights['watched']} they depend on are not watched (on_weight_change=ignore)"
-    cost = (f", reading {weights['watched_bytes'] / 2**20:,.1f} MiB per call" if weights["check"] == "checksum"
-            else "")
+    cost = (f", reading {weights['watched_bytes'] / 2**20:,.1f} MiB per call (weight_check='version' skips "
+            "the read and misses writes through param.data)" if weights["check"] == "checksum" else "")
     shared = (f"; {weights['shared_bytes'] / 2**20:,.1f} MiB of module weights became views of the merged "
               "weights (held once; share_weights=False keeps them)" if weights.get("shared_bytes") else "")
     return text + (f"; {weights['watched']} module weights they depend on watched by {weights['check']}{cost}; "

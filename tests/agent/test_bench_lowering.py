@@ -63,8 +63,7 @@ def test_a_gpu_a_b_replays_each_side_from_a_cuda_graph():
     """On a GPU the lowered graphs of each side are recorded once and replayed per sample (what
     kopt.compile users get)."""
     model, inputs = tiny_attention_block()
-    model = model.cuda()
-    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    model, inputs = model.cuda(), tuple(x.cuda() for x in inputs)
     graphs = capture_graphs(model, inputs)
     clock = WallClock(graphs, lower="inductor")
     assert clock.replay and clock.name == "wall-inductor-graphs"
