@@ -190,7 +190,9 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             compiled graph reads (the bf16 originals of FP8-quantized or merged linears). The module
             can then no longer run by itself, and a call that needs a new compilation (new shapes,
             changed weights) raises :class:`kopt.WeightsReleasedError`. With ``regional=True`` the
-            first call runs every block, and each block's own weights are freed the same way.
+            first call runs every block, and each block's own weights are freed the same way. A freed
+            weight keeps its shape but holds no bytes: writing into it (``param.data.copy_``, fusing
+            a LoRA adapter) is out of bounds, a crash on the CPU and undefined on a GPU.
         mode: ``torch.compile``'s modes: ``"default"``, ``"reduce-overhead"`` (CUDA graphs on),
             ``"max-autotune"`` (Inductor's GEMM and launch-config tuning, CUDA graphs on),
             ``"max-autotune-no-cudagraphs"`` (the same, CUDA graphs off); an explicit
