@@ -173,11 +173,16 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def _ablations() -> dict[str, dict[str, Any]]:
-    """``kopt-no-<pass>``: the default pipeline with one pass left out (the ablation table)."""
+    """``kopt-no-<pass>``: the default pipeline with one pass left out (the ablation table), whole-model
+    and with ``regional=True`` (``kopt-regional-no-<pass>``: what the agent's choice "drop <pass>"
+    measures, here against the replaying baselines)."""
     from kopt.passes.pipeline import default_pipeline
 
     names = [p.name for p in default_pipeline()]
-    return {f"kopt-no-{name}": dict(passes=[n for n in names if n != name]) for name in names}
+    ablations = {f"kopt-no-{name}": dict(passes=[n for n in names if n != name]) for name in names}
+    ablations.update({f"kopt-regional-no-{name}": dict(passes=[n for n in names if n != name], regional=True)
+                      for name in names if name != "staging"})
+    return ablations
 
 
 def _opt_ins() -> dict[str, dict[str, Any]]:
@@ -284,7 +289,7 @@ def all_variants() -> list[Variant]:
 
 DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
 DEFAULT_TINY = tuple(v.name for v in all_variants()
-                     if not v.exclusive and not v.name.startswith(("kopt-no-", "kopt-fused"))
+                     if not v.exclusive and not v.name.startswith(("kopt-no-", "kopt-regional-no-", "kopt-fused"))
                      and not v.name.endswith("-nopdl"))
 
 
