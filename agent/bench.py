@@ -23,6 +23,7 @@ those graphs, synchronized on a GPU; run as FX op by op, or lowered by Inductor 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import statistics
 import time
@@ -185,8 +186,6 @@ class WallClock:
         except Exception as error:  # noqa: BLE001 - any failure to record means plain calls, said once
             why = (str(error).strip().splitlines() or [type(error).__name__])[0]
             self.unreplayed[key] = why
-            import logging
-
             logging.getLogger("kopt").warning("agent: timing one side as plain calls, its graphs could not be "
                                               "recorded as a CUDA graph: %s", why)
             return None

@@ -25,6 +25,10 @@ def candidate_table(result: Any) -> str:
                  f"(already in the knowledge base), {len(result.resumed)} accepted earlier; clock: "
                  f"{result.clock.name}; {result.elapsed_s:.0f} s" + (f"; stopped: {result.stopped}" if result.stopped
                                                                       else ""))
+    unreplayed = getattr(result.clock, "unreplayed", None)
+    if unreplayed:
+        lines.append(f"{len(unreplayed)} side(s) of the A/B ran as plain calls, not replayed from a CUDA graph: "
+                     + "; ".join(sorted(set(unreplayed.values())))[:300])
     if result.verified_ahead:
         from kopt.agent.pool import most_in_flight
 
