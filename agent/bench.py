@@ -118,9 +118,10 @@ class WallClock:
     ``replay`` (default: on a GPU with ``lower="inductor"``): each side's graphs are recorded once as
     one CUDA graph and every sample replays it, as ``kopt.compile`` replays the forward. Without it a
     rewrite that only removes launches shows a gain the user never sees (launch time is what replay
-    removes), so an A/B on a GPU must replay. A side whose graphs cannot be recorded (a host
-    synchronisation, a CPU tensor) is timed as plain calls, as the user would run it, and
-    :attr:`unreplayed` says why."""
+    removes), so an A/B on a GPU must replay. Recording is :class:`kopt.cuda_graphs.CudaGraphRunner`'s,
+    as for a compiled graph (a warm-up on a side stream, the first replay checked against a plain call).
+    A side whose graphs cannot be recorded (a host synchronisation, a CPU tensor) is timed as plain
+    calls, as the user would run it, and :attr:`unreplayed` says why."""
 
     graphs: Sequence[Any]
     name: str = "wall"
@@ -139,7 +140,7 @@ class WallClock:
         if self.lower == "inductor" and self.name == "wall":
             self.name = "wall-inductor-graphs" if self.replay else "wall-inductor"
         self._built: dict[tuple[str, ...], list[Any]] = {}
-        self._recorded: dict[tuple[str, ...], Any] = {}  # key -> torch.cuda.CUDAGraph, or None: plain calls
+        self._runners: dict[tuple[str, ...], Any] = {}  # key -> CudaGraphRunner of that side's graphs
         self.unreplayed: dict[tuple[str, ...], str] = {}  # key -> why that side runs as plain calls
 
     @staticmethod
@@ -157,7 +158,7 @@ class WallClock:
             while len(self._built) >= 2:
                 evicted = next(iter(self._built))
                 self._built.pop(evicted)
-                self._recorded.pop(evicted, None)  # its graph's memory pool goes with it
+                self._runners.pop(evicted, None)  # its graph's memory pool goes with it
             modules: list[Any] = applied(self.graphs, chosen)
             if self.lower == "inductor":
                 from kopt.config import Lowering
@@ -171,35 +172,29 @@ class WallClock:
             for _ in range(2):  # warm-up: kernels compile at their first launch, lazy setup at the second
                 _run_all(self._built[key], self.graphs)
             if self.replay:
-                self._recorded[key] = self._record(key, modules)
+                self._runners[key] = self._record(key, modules)
         return self._built[key]
 
     def _record(self, key: tuple[str, ...], modules: Sequence[Any]) -> Any:
-        """One CUDA graph of ``modules`` run in order on the graphs' fixed inputs, or None (plain calls)."""
-        graph = torch.cuda.CUDAGraph()
-        try:
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                _run_all(modules, self.graphs)
-            graph.replay()
-            torch.cuda.synchronize()
-        except Exception as error:  # noqa: BLE001 - any failure to record means plain calls, said once
-            why = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            self.unreplayed[key] = why
-            logging.getLogger("kopt").warning("agent: timing one side as plain calls, its graphs could not be "
-                                              "recorded as a CUDA graph: %s", why)
-            return None
-        return graph
+        """A runner replaying ``modules`` run in order on the graphs' fixed inputs, recorded by its first call."""
+        from kopt.cuda_graphs import CudaGraphRunner
+
+        runner = CudaGraphRunner(lambda: _run_all(modules, self.graphs), warmup=0, clone_outputs=False)
+        runner()
+        if runner.stats.disabled is not None:  # it runs the graphs as plain calls from now on
+            self.unreplayed[key] = runner.stats.disabled
+            logging.getLogger("kopt").warning("agent: timing one side as plain calls: %s", runner.stats.disabled)
+        return runner
 
     def time_once(self, chosen: Mapping[str, Candidate]) -> float:
         modules = self._modules(chosen)
-        recorded = self._recorded.get(self._key(chosen))
+        runner = self._runners.get(self._key(chosen))
         device = next((a.device for g in self.graphs for a in g.args if isinstance(a, torch.Tensor)), None)
         sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
         sync()
         start = time.perf_counter()
-        if recorded is not None:
-            recorded.replay()
+        if runner is not None:
+            runner()
         else:
             _run_all(modules, self.graphs)
         sync()

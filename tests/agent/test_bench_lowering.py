@@ -69,5 +69,11 @@ def test_a_gpu_a_b_replays_each_side_from_a_cuda_graph():
     assert clock.replay and clock.name == "wall-inductor-graphs"
     samples = clock.samples({}, 3, 0)
     assert len(samples) == 3 and all(s > 0 for s in samples)
-    recorded = clock._recorded[()]
-    assert recorded is not None and not clock.unreplayed
+    runner = clock._runners[()]
+    assert runner.stats.recorded == 1 and runner.stats.disabled is None and not clock.unreplayed
+    from kopt.agent.bench import _run_all
+    from kopt.cuda_graphs import replay_mismatch
+
+    replayed = runner()  # the recording's outputs after one more replay
+    assert runner.stats.replays >= 4
+    assert replay_mismatch(replayed, _run_all(clock._modules({}), graphs)) is None
