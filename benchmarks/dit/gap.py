@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 
     sys.path.append(str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.dit.summary import best_baselines, precision  # noqa: E402
+from benchmarks.dit.summary import best_baselines, forward_row, precision  # noqa: E402
 
 CATEGORIES = ("gemm", "attention", "norm_elementwise", "copies", "other")
 LIBRARY = ("gemm", "attention")
@@ -44,8 +44,7 @@ def _breakdown(results: Mapping[str, Any], model: str, variant: str) -> Mapping[
 
 
 def _median(results: Mapping[str, Any], model: str, variant: str) -> float | None:
-    return next((r.get("median_ms") for r in results["rows"]
-                 if (r["model"], r["variant"], r["call"]) == (model, variant, "forward")), None)
+    return forward_row(results["rows"], model, variant).get("median_ms")
 
 
 def compare(results: Mapping[str, Any], model: str, kopt: str, baseline: str) -> dict[str, Any] | None:

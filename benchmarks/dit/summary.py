@@ -82,7 +82,7 @@ def peak_gb(row: Mapping[str, Any]) -> float | None:
     return row.get("peak_gb", row.get("peak_mem_gb"))
 
 
-def _forward(rows: Sequence[Mapping[str, Any]], model: str, variant: str | None) -> Mapping[str, Any]:
+def forward_row(rows: Sequence[Mapping[str, Any]], model: str, variant: str | None) -> Mapping[str, Any]:
     """That variant's forward row (the one whose first call compiled), or an empty mapping."""
     return next((r for r in rows if (r["model"], r["variant"], r["call"]) == (model, variant, "forward")), {})
 
@@ -90,8 +90,8 @@ def _forward(rows: Sequence[Mapping[str, Any]], model: str, variant: str | None)
 def _compile_and_memory(rows: Sequence[Mapping[str, Any]], row: Mapping[str, Any],
                         baseline: str | None) -> dict[str, Any]:
     """Cold and warm compile seconds of kopt and of the baseline, and peak memory against eager's."""
-    mine, theirs = _forward(rows, row["model"], row["variant"]), _forward(rows, row["model"], baseline)
-    eager = _forward(rows, row["model"], "eager")
+    mine, theirs = forward_row(rows, row["model"], row["variant"]), forward_row(rows, row["model"], baseline)
+    eager = forward_row(rows, row["model"], "eager")
     peak, eager_peak = peak_gb(row), peak_gb(eager)
     return {"kopt_compile_s": mine.get("compile_s"), "kopt_warm_compile_s": mine.get("warm_compile_s"),
             "baseline_compile_s": theirs.get("compile_s"), "baseline_warm_compile_s": theirs.get("warm_compile_s"),
