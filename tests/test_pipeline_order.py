@@ -186,6 +186,7 @@ AUTO = ['redundancy',
  'fuse-qk-norm-rope-real',
  'fuse-joint-attention-input',
  'residual-fp32',
+ 'fuse-linear-gelu',
  'staging']
 
 

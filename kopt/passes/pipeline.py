@@ -44,6 +44,7 @@ def default_pipeline() -> list[Pass]:
         FuseQKNormRopeReal(),  # real RoPE (FLUX.2), emits the joint op itself for concatenated streams
         FuseJointAttentionInput(),  # joins fuse-qk-norm-rope's per-stream ops into the attention buffer
         ResidualStreamFp32(),  # after fuse-gated-residual, whose ops it widens to a float32 stream
+        FuseLinearGelu(),  # after bias absorption, whose mm + b it matches as well as addmm
         BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
     ]
 
@@ -83,10 +84,10 @@ def _when(condition: bool, rewrite: Pass) -> list[Pass]:
 
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
-    (codegen-fuse, fuse-linear-gelu: the agent's end-to-end A/B decides them per model), or added by
-    an option (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly, before
-    ``staging`` (which marks the values it hoists by node name)."""
-    return [CodegenFuse(), FuseLinearGelu(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
+    (codegen-fuse: the agent's end-to-end A/B decides it per model), or added by an option
+    (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly, before ``staging``
+    (which marks the values it hoists by node name)."""
+    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
             FuseAttentionOutputQuant(), Fp8Gemv()]
 
 
