@@ -38,7 +38,7 @@ from kopt.kernels import _autotune
 from kopt.kernels._autotune import Config, pow2_bucket, shape_key
 from kopt.kernels._pdl import begin, launch_options
 
-__all__ = ["candidates", "cos_sin_from_complex", "launch", "qk_norm_rope", "reference"]
+__all__ = ["candidates", "cos_sin_from_complex", "launch", "launch_pair", "qk_norm_rope", "reference"]
 
 _MODES = ("complex", "real")
 
@@ -80,26 +80,54 @@ def reference(
 
 # ----------------------------------------------------------------------------- Triton kernel
 @triton.jit
+def _normalize_rotate_store(x_ptr, w_ptr, out_ptr, x_row, rows, cols, mask, D, eps, ce, co, se, so,
+                            HAS_WEIGHT: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """One tensor's tile: load, RMSNorm over D, rotate the pairs by the loaded table values, store."""
+    x = tl.load(x_ptr + x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # RMSNorm over D (masked lanes are zero and do not add to the sum).
+    inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    x = x * inv[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        x = x * w[None, :]
+    xe, xo = tl.split(tl.reshape(x, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
+    oe = xe * ce - xo * se
+    oo = xo * co + xe * so
+    out = tl.reshape(tl.join(oe, oo), [ROWS_PER_PROGRAM, 2 * BLOCK_HALF])  # re-interleave the pairs
+    o_ptrs = out_ptr + rows[:, None] * D + cols[None, :]  # out is contiguous (B, S, H, D)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _qk_norm_rope_kernel(
     x_ptr,
     w_ptr,
     cos_ptr,
     sin_ptr,
     out_ptr,
+    x2_ptr,
+    w2_ptr,
+    out2_ptr,
     n_rows,
     S,
     H,
     stride_xb,
     stride_xs,
     stride_xh,
+    stride_x2b,
+    stride_x2s,
+    stride_x2h,
     stride_cs,
     stride_cd,
     stride_ss,
     stride_sd,
     half,
     eps,
+    eps2,
     IS_COMPLEX: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    HAS_WEIGHT2: tl.constexpr,
+    PAIR: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     ONE_TOKEN: tl.constexpr,
@@ -111,6 +139,9 @@ def _qk_norm_rope_kernel(
     # ONE_TOKEN (ROWS_PER_PROGRAM divides H): rows run head-fastest, so all of a program's rows are
     # heads of one token and share one row of the RoPE tables: it is loaded once, as [1, ...], and
     # broadcast, instead of once per head (1 KB of float32 tables per 256-byte bf16 row, FLUX.2's form).
+    # PAIR: a second tensor of the same shape (K beside Q) rotated by the same tables: its tile is
+    # normalized and rotated with the table values already loaded for the first, so the tables are
+    # read once for both (LTX-Video's (S, 2048) float32 tables are 4x the bytes of a bf16 row).
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     row_mask = rows < n_rows
@@ -125,37 +156,28 @@ def _qk_norm_rope_kernel(
     mask = row_mask[:, None] & (cols < D)[None, :]  # D is even: a pair is all in or all out
     j = tl.arange(0, BLOCK_HALF)
 
-    x_row = b * stride_xb + s * stride_xs + h * stride_xh
-    x = tl.load(x_ptr + x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-
-    # RMSNorm over D (masked lanes are zero and do not add to the sum).
-    inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-    x = x * inv[:, None]
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        x = x * w[None, :]
-    xe, xo = tl.split(tl.reshape(x, [ROWS_PER_PROGRAM, BLOCK_HALF, 2]))
-
     if IS_COMPLEX:  # tables (S, D/2), any strides (e.g. the .real / .imag views): one (cos, sin) per pair
         pair_mask = (token[:, None] * 0 + j[None, :]) < half  # [1 or R, BLOCK_HALF]
         c = tl.load(cos_ptr + token[:, None] * stride_cs + j[None, :] * stride_cd, mask=pair_mask, other=0.0)
         sn = tl.load(sin_ptr + token[:, None] * stride_ss + j[None, :] * stride_sd, mask=pair_mask, other=0.0)
-        c = c.to(tl.float32)
-        sn = sn.to(tl.float32)
-        oe = xe * c - xo * sn
-        oo = xe * sn + xo * c
+        ce = c.to(tl.float32)
+        co = ce
+        se = sn.to(tl.float32)
+        so = se
     else:  # tables (S, D): one (cos, sin) per element
         table_mask = (token[:, None] * 0 + cols[None, :]) < D
         c = tl.load(cos_ptr + token[:, None] * stride_cs + cols[None, :] * stride_cd, mask=table_mask, other=0.0)
         sn = tl.load(sin_ptr + token[:, None] * stride_ss + cols[None, :] * stride_sd, mask=table_mask, other=0.0)
         ce, co = tl.split(tl.reshape(c.to(tl.float32), [c.shape[0], BLOCK_HALF, 2]))
         se, so = tl.split(tl.reshape(sn.to(tl.float32), [sn.shape[0], BLOCK_HALF, 2]))
-        oe = xe * ce - xo * se
-        oo = xo * co + xe * so
 
-    out = tl.reshape(tl.join(oe, oo), [ROWS_PER_PROGRAM, 2 * BLOCK_HALF])  # re-interleave the pairs
-    o_ptrs = out_ptr + rows[:, None] * D + cols[None, :]  # out is contiguous (B, S, H, D)
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    x_row = b * stride_xb + s * stride_xs + h * stride_xh
+    _normalize_rotate_store(x_ptr, w_ptr, out_ptr, x_row, rows, cols, mask, D, eps, ce, co, se, so,
+                            HAS_WEIGHT, ROWS_PER_PROGRAM, BLOCK_HALF)
+    if PAIR:
+        x2_row = b * stride_x2b + s * stride_x2s + h * stride_x2h
+        _normalize_rotate_store(x2_ptr, w2_ptr, out2_ptr, x2_row, rows, cols, mask, D, eps2, ce, co, se, so,
+                                HAS_WEIGHT2, ROWS_PER_PROGRAM, BLOCK_HALF)
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -207,6 +229,103 @@ def _check_table(t: torch.Tensor, name: str, S: int, width: int, device: torch.d
         raise ValueError(f"{name} is on {t.device}, x is on {device}")
 
 
+def _checked_input(x: torch.Tensor, weight: torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """``weight`` made contiguous, after checking ``x`` (B, S, H, D) and ``weight`` (D,)."""
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be (B, S, H, D), got shape {tuple(x.shape)}")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"{name} dtype must be one of {_DTYPES}, got {x.dtype}")
+    D = x.shape[3]
+    if D % 2:
+        raise ValueError(f"head dim D must be even for RoPE pairs, got {D}")
+    if x.stride(3) != 1:
+        raise ValueError(f"{name} must have unit stride on D, got strides {x.stride()}")
+    if weight is None:
+        return None
+    if tuple(weight.shape) != (D,):
+        raise ValueError(f"the weight of {name} must have shape ({D},), got {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"the weight of {name} is on {weight.device}, {name} is on {x.device}")
+    return weight.contiguous()
+
+
+def _checked_out(out: torch.Tensor | None, x: torch.Tensor, name: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(
+            f"{name} must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}, "
+            f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}"
+        )
+    return out
+
+
+def _launch(xs: tuple[torch.Tensor, ...], weights: tuple[torch.Tensor | None, ...], epss: tuple[float, ...],
+            cos: torch.Tensor, sin: torch.Tensor, mode: str, outs: tuple[torch.Tensor | None, ...],
+            config: Config | None) -> tuple[torch.Tensor, ...]:
+    """One launch for one tensor, or for two of one shape (``PAIR``) rotated by the same tables."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    names = ("x", "x2")[:len(xs)]
+    weights = tuple(_checked_input(x, w, name) for x, w, name in zip(xs, weights, names, strict=True))
+    x = xs[0]
+    if len(xs) == 2 and (xs[1].shape != x.shape or xs[1].dtype != x.dtype or xs[1].device != x.device):
+        raise ValueError(f"a pair must agree on shape, dtype and device: x {tuple(x.shape)} {x.dtype} {x.device}, "
+                         f"x2 {tuple(xs[1].shape)} {xs[1].dtype} {xs[1].device}")
+    B, S, H, D = x.shape
+    half = D // 2
+    width = half if mode == "complex" else D
+    _check_table(cos, "cos", S, width, x.device)
+    _check_table(sin, "sin", S, width, x.device)
+    outs = tuple(_checked_out(o, xi, f"out of {name}") for o, xi, name in zip(outs, xs, names, strict=True))
+    n_rows = B * S * H
+    if n_rows == 0:
+        return outs
+    pair = len(xs) == 2
+    x2, w2, eps2 = (xs[1], weights[1], epss[1]) if pair else (x, None, 0.0)
+
+    def run(cfg: Config, *dst: torch.Tensor) -> None:
+        grid = (triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)
+        _qk_norm_rope_kernel[grid](
+            x,
+            weights[0] if weights[0] is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
+            cos,
+            sin,
+            dst[0],
+            x2,
+            w2 if w2 is not None else x,  # dummy pointer, never read when HAS_WEIGHT2=False
+            dst[1] if pair else dst[0],  # never written when PAIR=False
+            n_rows,
+            S,
+            H,
+            x.stride(0),
+            x.stride(1),
+            x.stride(2),
+            x2.stride(0),
+            x2.stride(1),
+            x2.stride(2),
+            cos.stride(0),
+            cos.stride(1),
+            sin.stride(0),
+            sin.stride(1),
+            half,
+            float(epss[0]),
+            float(eps2),
+            IS_COMPLEX=mode == "complex",
+            HAS_WEIGHT=weights[0] is not None,
+            HAS_WEIGHT2=w2 is not None,
+            PAIR=pair,
+            ONE_TOKEN=H % cfg["ROWS_PER_PROGRAM"] == 0,
+            **cfg, **launch_options(x.device)
+        )
+
+    rows = pow2_bucket(n_rows)
+    key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weights[0] is not None,
+                    **({"pair": True} if pair else {}))
+    _autotune.launch_tuned("qk_norm_rope", key, candidates(half, rows), run, outs, x.device, config)
+    return outs
+
+
 def launch(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -222,68 +341,28 @@ def launch(
     cos/sin float32 (S, D/2) for mode="complex" or (S, D) for mode="real", any strides.
     Returns a contiguous (B, S, H, D) tensor of x.dtype (written into ``out`` when given).
     ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    if x.dim() != 4:
-        raise ValueError(f"x must be (B, S, H, D), got shape {tuple(x.shape)}")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
-    B, S, H, D = x.shape
-    if D % 2:
-        raise ValueError(f"head dim D must be even for RoPE pairs, got {D}")
-    if x.stride(3) != 1:
-        raise ValueError(f"x must have unit stride on D, got strides {x.stride()}")
-    half = D // 2
-    width = half if mode == "complex" else D
-    _check_table(cos, "cos", S, width, x.device)
-    _check_table(sin, "sin", S, width, x.device)
-    if weight is not None:
-        if tuple(weight.shape) != (D,):
-            raise ValueError(f"weight must have shape ({D},), got {tuple(weight.shape)}")
-        if weight.device != x.device:
-            raise ValueError(f"weight is on {weight.device}, x is on {x.device}")
-        weight = weight.contiguous()
-    if out is None:
-        out = torch.empty((B, S, H, D), dtype=x.dtype, device=x.device)
-    elif tuple(out.shape) != (B, S, H, D) or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(
-            f"out must be a contiguous {x.dtype} tensor of shape {(B, S, H, D)}, "
-            f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}"
-        )
-    n_rows = B * S * H
-    if n_rows == 0:
-        return out
+    return _launch((x,), (weight,), (eps,), cos, sin, mode, (out,), config)[0]
 
-    def run(cfg: Config, dst: torch.Tensor) -> None:
-        grid = (triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)
-        _qk_norm_rope_kernel[grid](
-            x,
-            weight if weight is not None else x,  # dummy pointer, never read when HAS_WEIGHT=False
-            cos,
-            sin,
-            dst,
-            n_rows,
-            S,
-            H,
-            x.stride(0),
-            x.stride(1),
-            x.stride(2),
-            cos.stride(0),
-            cos.stride(1),
-            sin.stride(0),
-            sin.stride(1),
-            half,
-            float(eps),
-            IS_COMPLEX=mode == "complex",
-            HAS_WEIGHT=weight is not None,
-            ONE_TOKEN=H % cfg["ROWS_PER_PROGRAM"] == 0,
-            **cfg, **launch_options(x.device)
-        )
 
-    rows = pow2_bucket(n_rows)
-    key = shape_key(d=D, rows=rows, dtype=x.dtype, mode=mode, weight=weight is not None)
-    _autotune.launch_tuned("qk_norm_rope", key, candidates(half, rows), run, (out,), x.device, config)
-    return out
+def launch_pair(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    x2: torch.Tensor,
+    weight2: torch.Tensor | None,
+    eps2: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mode: str,
+    out: torch.Tensor | None = None,
+    out2: torch.Tensor | None = None,
+    *,
+    config: Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`launch` for two tensors of one shape (Q and K) rotated by the same tables, in one
+    kernel that reads each table row once for both. Each keeps its own weight and eps."""
+    out, out2 = _launch((x, x2), (weight, weight2), (eps, eps2), cos, sin, mode, (out, out2), config)
+    return out, out2
 
 
 # ----------------------------------------------------------------------------- custom op

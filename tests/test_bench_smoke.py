@@ -211,7 +211,7 @@ def test_kernel_benchmark_smoke(tmp_path):
     rows = run("tiny", tmp_path)
     fp8_outputs = {"activation_quant", "adaln_modulation_quant", "gated_residual_quant"}
     assert {r["kernel"] for r in rows} == {"adaln_modulation", "gated_residual", "qk_norm_rope", "qk_norm_rope_joint",
-                                           "gelu_tanh", "swiglu"} | fp8_outputs
+                                           "qk_norm_rope_pair", "gelu_tanh", "swiglu"} | fp8_outputs
     exact = [r for r in rows if r["kernel"] not in fp8_outputs]
     assert all(r["rel_err"] < 1e-2 for r in exact)  # bf16 kernels vs their spec; zeros would give 1.0
     # FP8 output, compared dequantized; Triton's CPU interpreter truncates bf16 and drops fp8 rounding

@@ -47,6 +47,7 @@ from kopt.kernels import (  # noqa: E402
     gelu_tanh,
     joint_qk_norm_rope,
     qk_norm_rope,
+    qk_norm_rope_pair,
     swiglu,
 )
 
@@ -102,6 +103,16 @@ def cases(size: str, device: torch.device) -> list[Case]:
         return (xs, [randn(head_dim), randn(head_dim)], [a.cos() for a in angles], [a.sin() for a in angles],
                 [1e-6, 1e-6], "complex")
 
+    ltx_tokens, ltx_width = (6930, 2048) if full else (5, 32)
+
+    def rope_flat_inputs() -> tuple[Any, ...]:  # LTX-Video Q: heads flattened, one (S, H*D) float32 table
+        angles = torch.rand(ltx_tokens, ltx_width, device=device) * 6.28
+        return randn(1, ltx_tokens, 1, ltx_width), randn(ltx_width), angles.cos(), angles.sin(), 1e-6, "real"
+
+    def rope_pair_inputs() -> tuple[Any, ...]:  # LTX-Video Q and K, the same tables
+        q, wq, cos, sin, eps, mode = rope_flat_inputs()
+        return q, wq, eps, randn(1, ltx_tokens, 1, ltx_width), randn(ltx_width), eps, cos, sin, mode
+
     flux_tokens, flux_ff = (4608, 9216) if full else (5, 12)
 
     def swiglu_quant_inputs() -> tuple[Any, ...]:  # h = the (M, 2F) up projection, F = 18432 at full size
@@ -131,6 +142,11 @@ def cases(size: str, device: torch.device) -> list[Case]:
              lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
         Case("qk_norm_rope", f"q (1, {tokens + (512 if full else 3)}, {2 * heads}, {head_dim}) real RoPE",
              rope_real_inputs, lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
+        Case("qk_norm_rope", f"q (1, {ltx_tokens}, 1, {ltx_width}) real RoPE, heads flattened", rope_flat_inputs,
+             lambda a: _out(a, a[0]), qk_norm_rope.launch, qk_norm_rope.reference),
+        Case("qk_norm_rope_pair", f"q and k (1, {ltx_tokens}, 1, {ltx_width}) real RoPE, one table read",
+             rope_pair_inputs, lambda a: _out(a, (a[0], a[3])), qk_norm_rope.launch_pair, qk_norm_rope_pair.reference,
+             tuned_as="qk_norm_rope"),
         Case("qk_norm_rope_joint", f"q text (1, {256 if full else 3}, {heads}, {head_dim}) + image "
              f"(1, {tokens}, {heads}, {head_dim}) complex RoPE into one buffer", joint_inputs, _joint_bytes,
              joint_qk_norm_rope.launch, joint_qk_norm_rope.reference, tuned_as="qk_norm_rope"),

@@ -35,8 +35,10 @@ _SIGNATURE = {"prefix_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*fp8e4nv", "sca
 
 
 _QK_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16",
-                 **{name: "i32" for name in ("n_rows", "S", "H", "stride_xb", "stride_xs", "stride_xh", "stride_cs",
-                                             "stride_cd", "stride_ss", "stride_sd", "half")}, "eps": "fp32"}
+                 "x2_ptr": "*bf16", "w2_ptr": "*bf16", "out2_ptr": "*bf16",
+                 **{name: "i32" for name in ("n_rows", "S", "H", "stride_xb", "stride_xs", "stride_xh", "stride_x2b",
+                                             "stride_x2s", "stride_x2h", "stride_cs", "stride_cd", "stride_ss",
+                                             "stride_sd", "half")}, "eps": "fp32", "eps2": "fp32"}
 
 
 def compile_sm90(kernel: triton.JITFunction, constants: dict[str, object], num_warps: int,
@@ -87,18 +89,20 @@ def resource_rows() -> list[tuple[str, int, int, int, int]]:
     """(kernel and layout, warps, registers per thread, programs per SM by registers, global loads)
     for the layouts whose registers or loads the kernel docstrings cite: FLUX.2's single-stream
     activation + quantize in register chunks (prefix read in pieces), and qk_norm_rope's 8-row
-    programs with the RoPE table row loaded per head or once per token (``ONE_TOKEN``)."""
+    programs with the RoPE table row loaded per head or once per token (``ONE_TOKEN``), and for Q and
+    K together (``PAIR``)."""
     out = []
     chunks = {"HAS_PREFIX": True, "IS_SWIGLU": True, "BLOCK": 4096, "PREFIX_BLOCK": 8192, "CHUNKS": 5, "P_CHUNKS": 2,
               "FAST": True, "PDL": True}
     cases = [("activation_quant, 5 register chunks of 4096 + 6144 prefix",
               activation_quant._activation_quant_chunks_kernel, chunks, 16, _SIGNATURE)]
-    for mode in ("real", "complex"):
-        for one_token in (False, True):
-            constants = {"IS_COMPLEX": mode == "complex", "HAS_WEIGHT": True, "ROWS_PER_PROGRAM": 8, "BLOCK_HALF": 64,
-                         "ONE_TOKEN": one_token, "PDL": True}
-            label = f"qk_norm_rope {mode}, 8 rows, table {'once per token' if one_token else 'per head'}"
-            cases.append((label, qk_norm_rope._qk_norm_rope_kernel, constants, 2, _QK_SIGNATURE))
+    for mode, one_token, pair in (("real", False, False), ("real", True, False), ("complex", False, False),
+                                  ("complex", True, False), ("real", False, True)):
+        constants = {"IS_COMPLEX": mode == "complex", "HAS_WEIGHT": True, "HAS_WEIGHT2": pair, "PAIR": pair,
+                     "ROWS_PER_PROGRAM": 8, "BLOCK_HALF": 64, "ONE_TOKEN": one_token, "PDL": True}
+        label = (f"qk_norm_rope{' pair (Q and K)' if pair else ''} {mode}, 8 rows, table "
+                 f"{'once per token' if one_token else 'per head'}")
+        cases.append((label, qk_norm_rope._qk_norm_rope_kernel, constants, 2, _QK_SIGNATURE))
     for label, kernel, constants, warps, signature in cases:
         counts, registers = compile_sm90(kernel, constants, warps, signature)
         threads = 32 * warps

@@ -22,6 +22,7 @@ from kopt.passes.fuse.gated_residual import FuseGatedResidual
 from kopt.passes.fuse.joint_attention_input import FuseJointAttentionInput
 from kopt.passes.fuse.linear_gelu import FuseLinearGelu
 from kopt.passes.fuse.qk_norm_rope import FuseQKNormRope
+from kopt.passes.fuse.qk_norm_rope_pair import FuseQKNormRopePair
 from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
 from kopt.passes.graph.bias_absorption import BiasAbsorption
 from kopt.passes.graph.redundancy import RedundancyElimination
@@ -43,6 +44,7 @@ def default_pipeline() -> list[Pass]:
         FuseQKNormRope(),  # complex RoPE (Qwen-Image), one op per stream
         FuseQKNormRopeReal(),  # real RoPE (FLUX.2), emits the joint op itself for concatenated streams
         FuseJointAttentionInput(),  # joins fuse-qk-norm-rope's per-stream ops into the attention buffer
+        FuseQKNormRopePair(),  # after every pass that emits or joins qk_norm_rope ops: pairs what is left
         ResidualStreamFp32(),  # after fuse-gated-residual, whose ops it widens to a float32 stream
         FuseLinearGelu(),  # after bias absorption, whose mm + b it matches as well as addmm
         BindingTimeStaging(),  # last: folds and hoists the final graph (merged modulation GEMMs too)
@@ -71,6 +73,7 @@ def fp8_pipeline(config: Fp8Config) -> list[Pass]:
         FuseQKNormRope(),  # complex RoPE (Qwen-Image), one op per stream
         FuseQKNormRopeReal(),  # real RoPE (FLUX.2), emits the joint op itself for concatenated streams
         FuseJointAttentionInput(),  # joins fuse-qk-norm-rope's per-stream ops into the attention buffer
+        FuseQKNormRopePair(),  # after every pass that emits or joins qk_norm_rope ops: pairs what is left
         *_when(attention, Fp8Attention(config)),  # after the Q/K fusions it reads; before staging, which names nodes
         *_when(attention and row, FuseAttentionOutputQuant(config)),  # after fp8-attention: writes FP8 rows
         *_when(row, Fp8Gemv()),  # after every fusion that reads a _scaled_mm node it may replace
