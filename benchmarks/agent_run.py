@@ -2,11 +2,11 @@
 
     python -m benchmarks.agent_run --workload flux2 --budget-min 20 --kb $OUT/kb.sqlite
 
-Writes ``$OUT/benchmarks/results/agent_<workload>.json`` and ``.md`` (the candidate table, the
-environment, the clock) and ``agent_<workload>.png`` (time per region before/after vs floor). The
-knowledge base file is meant to be copied back after the run and passed again next time (resume).
-Speed is judged by the wall clock on the GPU (never the cost model here), on the graphs lowered by
-Inductor by default (``--lower eager``: run as FX op by op).
+Writes ``agent_<workload>.json`` (under ``--out``, default ``$OUT/benchmarks/results``) and ``.md``
+(the candidate table, the environment, the clock) and ``agent_<workload>.png`` (time per region
+before/after vs floor). The knowledge base file is meant to be copied back after the run and passed
+again next time (resume). Speed is judged by the wall clock on the GPU (never the cost model here),
+on the graphs lowered by Inductor by default (``--lower eager``: run as FX op by op).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lower", default="inductor", choices=["inductor", "eager"],
                         help="how the end-to-end A/B runs the graphs (inductor: what kopt.compile users get)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the results (default $OUT/benchmarks/results)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.agent_run needs a CUDA device")
@@ -36,9 +38,9 @@ def main() -> None:
     from kopt.agent.loop import optimize
     from kopt.workloads import get_workload
 
-    out = Path(os.environ.get("OUT", ".")) / "benchmarks" / "results"
+    out = args.out or Path(os.environ.get("OUT", ".")) / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    kb = Path(args.kb) if args.kb else out.parent.parent / "kb.sqlite"
+    kb = Path(args.kb) if args.kb else out / "kb.sqlite"
     workload = get_workload(args.workload)
     model = workload.model("full", device="cuda", dtype=torch.bfloat16)
     inputs = workload.inputs("full", device="cuda", dtype=torch.bfloat16, seed=args.seed)
