@@ -55,3 +55,14 @@ def test_writes_markdown_and_json(tmp_path, capsys):
     assert "+3.0 % (≥ 5 %: **not met**)" in text and "a.json" in text
     assert json.loads((tmp_path / "goals.json").read_text())[0]["gain_pct"] == 3.0
     assert "kopt-regional" in capsys.readouterr().out
+
+
+def test_warm_compile_comes_from_the_latest_file_that_measured_it(tmp_path):
+    older = _write(tmp_path / "old.json", [_row("kopt-regional", 99.0, 9.0, 1.0, warm_compile_s=7.5)])
+    newer = _write(tmp_path / "new.json", [_row("torch.compile+graphs", 100.0, 10.0, 1.0),
+                                           _row("kopt-regional", 95.0, 8.0, 1.0)])
+    (row,) = goal_rows([older, newer])
+    assert row["file"] == "new.json" and row["kopt_ms"] == 95.0
+    assert (row["warm_compile_s"], row["warm_file"], row["warm_goal_met"]) == (7.5, "old.json", True)
+    main([str(older), str(newer), "--out", str(tmp_path / "goals")])
+    assert "7.5 (met ≤ 10 s, old.json)" in (tmp_path / "goals.md").read_text()
