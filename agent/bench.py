@@ -276,6 +276,8 @@ def decide(speedup: Measurement, checks: Sequence[dict], min_gain: float) -> tup
     numbers = f"speedup {speedup.median:.4f}x, 95% CI [{speedup.ci_low:.4f}, {speedup.ci_high:.4f}]"
     if bad:
         return False, f"model output outside the contract: {bad[0]['verdict']} (graph {bad[0]['graph']})"
+    if speedup.ci_high < 1.0:
+        return False, f"no end-to-end win: slower, the whole CI lies below no change ({numbers})"
     if speedup.ci_low <= 1.0:
         return False, f"no end-to-end win: the CI includes no gain ({numbers})"
     if speedup.median - 1.0 < min_gain:

@@ -124,3 +124,15 @@ def original_candidate(region: object, contract: Contract | None = None) -> Cand
     check of the verifier (the original must always be accepted)."""
     return Candidate(region.signature, CandidateKind.ORIGINAL, region.source, contract or Contract.exact(),
                      entry_point="region", why="the region itself", origin="kopt")
+
+
+def lowered_original_candidate(region: object, backend: str = "inductor") -> Candidate:
+    """The region as ``torch.compile`` lowers it (its ATen source compiled with ``backend``): what the
+    region costs in a model that Inductor lowers, where a candidate has to beat Inductor's own fusion
+    of it, not the region run op by op. Contract: tolerance 1e-2, since Inductor computes a fused
+    chain in float32 and rounds once where the ops round each result."""
+    source = (f"{region.source}\n\nimport torch as _kopt_torch\n\n_kopt_eager_region = region\n"
+              f"region = _kopt_torch.compile(_kopt_eager_region, backend={backend!r}, fullgraph=True, "
+              f"dynamic=False)\n")
+    return Candidate(region.signature, CandidateKind.ORIGINAL, source, Contract.tolerance(1e-2),
+                     entry_point="region", why=f"the region as torch.compile ({backend}) lowers it", origin="kopt")

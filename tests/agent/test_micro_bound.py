@@ -38,3 +38,15 @@ def test_the_base_is_the_shortest_call_seen():
     # 10 x 0.075 ms of 75 ms = 1.0 %: at the bar
     assert bench.reachable(SIG, 0.075)[0]
     assert not bench.reachable(SIG, 0.07)[0]
+
+
+def test_the_baseline_is_inductors_lowering_only_under_an_inductor_a_b_on_a_gpu():
+    import types
+
+    from kopt.agent.micro import MicroBench
+    from kopt.agent.verify import TimingConfig
+
+    gpu, cpu = TimingConfig(device="cuda:0"), TimingConfig(device="cpu")
+    assert MicroBench(types.SimpleNamespace(lower="inductor"), timing=gpu).lowered
+    assert not MicroBench(types.SimpleNamespace(lower="eager"), timing=gpu).lowered
+    assert not MicroBench(types.SimpleNamespace(lower="inductor"), timing=cpu).lowered

@@ -164,3 +164,16 @@ def test_an_applied_triton_candidate_runs_in_process_on_the_gpu():
     expected = torch.softmax(x.double(), -1) * 2.0
     rel = (fn(x).double() - expected).norm() / expected.norm()
     assert rel < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_region_as_inductor_lowers_it_times_on_the_gpu():
+    """What micro pruning compares a candidate with under an Inductor A/B on a GPU: Inductor compiles
+    the region in the child's warm-up call, and every timed call's output is checked."""
+    from kopt.agent.candidate import lowered_original_candidate
+
+    region = _region()
+    timing, checks = time_candidate(region, lowered_original_candidate(region), VerifyConfig(), ON_GPU)
+    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    assert timing is not None and len(timing.samples_ns) == 9
