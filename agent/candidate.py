@@ -135,4 +135,5 @@ def lowered_original_candidate(region: object, backend: str = "inductor") -> Can
               f"region = _kopt_torch.compile(_kopt_eager_region, backend={backend!r}, fullgraph=True, "
               f"dynamic=False)\n")
     return Candidate(region.signature, CandidateKind.ORIGINAL, source, Contract.tolerance(1e-2),
-                     entry_point="region", why=f"the region as torch.compile ({backend}) lowers it", origin="kopt")
+                     entry_point="region", why=f"the region as torch.compile ({backend}) lowers it", origin="kopt",
+                     params=(("lowered", backend),))

@@ -61,6 +61,19 @@ def _poison(tensor: torch.Tensor) -> None:
         tensor.fill_(True if tensor.dtype is torch.bool else -7)
 
 
+def preimports(candidate: Candidate) -> list[str]:
+    """Modules the child imports before it records the integrity baseline: what the candidate's kind
+    imports anyway and which changes torch as it loads, so that loading it is not taken for
+    tampering. A Triton kernel needs Triton; the region as ``torch.compile`` lowers it
+    (``lowered`` in its params) needs Dynamo, which wraps ``torch.manual_seed`` when imported, and
+    Inductor, which generates Triton."""
+    if candidate.kind.value == "triton-kernel":
+        return ["numpy", "triton", "triton.language"]
+    if dict(candidate.params).get("lowered"):
+        return ["numpy", "torch._dynamo", "torch._inductor.compile_fx", "triton", "triton.language"]
+    return []
+
+
 class WorkDir:
     """Builds a child's work folder; reads back what it wrote. One instance per child run."""
 
@@ -132,7 +145,7 @@ class WorkDir:
         manifest = {
             "guard": str(GUARD), "candidate": str(source_path), "entry_point": candidate.entry_point,
             "convention": candidate.convention.value, "device": device, "threads": config.threads,
-            "preimport": ["numpy", "triton", "triton.language"] if candidate.kind.value == "triton-kernel" else [],
+            "preimport": preimports(candidate),
             "limits": {"memory_bytes": config.memory_mb << 20, "cpu_seconds": config.cpu_seconds,
                        "file_bytes": 8 << 20},
             "read_paths": read_paths + [str(source_path.parent)], "call_timeout_s": config.call_timeout_s,

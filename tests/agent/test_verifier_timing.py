@@ -80,3 +80,49 @@ def test_the_region_as_torch_compile_lowers_it_computes_the_region():
     exec(compile(lowered.source, "<lowered>", "exec"), compiled)  # noqa: S102
     x = torch.randn(32, 48) * 3
     torch.testing.assert_close(compiled[lowered.entry_point](x), eager["region"](x))
+
+
+_CHECK_INTEGRITY = """
+import importlib, importlib.util, json, sys
+import torch
+guard_path, source, modules = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+spec = importlib.util.spec_from_file_location("kopt_verify_guard", guard_path)
+guard = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(guard)
+for name in modules:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+integrity = guard.Integrity(torch)
+space = {}
+exec(compile(source, "<lowered>", "exec"), space)
+space["region"](torch.randn(32, 48))
+print(integrity.changes())
+"""
+
+
+def test_the_lowered_original_preimports_what_loading_it_changes_in_torch():
+    """Importing Dynamo wraps ``torch.manual_seed``: in the timing child (torch and the guard only, as
+    here), after the integrity baseline, that read as tampering (the GPU test failed so, s17f). With
+    the candidate's preimports loaded before the baseline, compiling and calling the region changes
+    nothing the child watches."""
+    import json
+    import subprocess
+    import sys
+
+    from kopt.agent.candidate import lowered_original_candidate
+    from kopt.agent.verify import guard
+    from kopt.agent.verify.workdir import preimports
+
+    region = _region()
+    lowered = lowered_original_candidate(region, backend="aot_eager")
+    assert "torch._dynamo" in preimports(lowered) and preimports(original_candidate(region)) == []
+
+    def changes(modules: list[str]) -> str:
+        run = subprocess.run([sys.executable, "-c", _CHECK_INTEGRITY, guard.__file__, lowered.source,
+                              json.dumps(modules)], capture_output=True, text=True, timeout=300, check=True)
+        return run.stdout.strip().splitlines()[-1]
+
+    assert "torch.manual_seed replaced" in changes([])
+    assert changes(preimports(lowered)) == "[]"
