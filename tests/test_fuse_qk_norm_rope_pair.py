@@ -41,14 +41,14 @@ def test_q_and_k_on_one_table_become_one_op_with_their_own_weights():
         assert rel_err(got, want) < 1e-6
 
 
-def test_an_input_computed_after_q_is_moved_up_when_it_is_only_a_view():
-    """K's input is ``k.view(...)`` traced after Q's op: the view moves up; a real computation
-    after Q's op (``x * 2`` of Q's result) keeps the ops apart."""
+def test_an_input_computed_after_q_is_moved_up_unless_it_reads_q():
+    """K's input is ``(k * 2).view(...)`` traced after Q's op: both nodes move up; an input computed
+    from Q's result (``q * 2``) keeps the ops apart."""
     cos, sin = _tables(4, 8, 2)
 
     def movable(xq, xk):
         q = SINGLE(xq, None, cos, sin, 1e-6, "real")
-        return q, SINGLE(xk.view(1, 4, 2, 8), None, cos, sin, 1e-6, "real")
+        return q, SINGLE((xk * 2).view(1, 4, 2, 8), None, cos, sin, 1e-6, "real")
 
     graph_module = trace_function(movable, torch.randn(1, 4, 2, 8), torch.randn(1, 4, 16))
     (record,) = run_passes(graph_module, [FuseQKNormRopePair()], strict=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -152,3 +152,44 @@ def add_sizes(graph: torch.fx.Graph, a: object, b: object) -> object:
     if a == 0:
         return b
     return graph.call_function(operator.add, (a, b))
+
+
+def pure_key(node: torch.fx.Node, arg_key: Callable[[torch.fx.Node], object] | None = None) -> object:
+    """A hashable key equal for two nodes that compute the same value when they are pure: the
+    constant a ``get_attr`` reads, else the target and the arguments (node arguments by identity, or
+    by ``arg_key``, to compare chains of nodes by structure). Floats keep -0.0 and nan distinct."""
+    if node.op == "get_attr":
+        return ("get_attr", node.target)
+
+    def freeze(value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(freeze(v) for v in value))
+        if isinstance(value, dict):
+            return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+        if isinstance(value, torch.fx.Node):
+            return ("node", id(value)) if arg_key is None else arg_key(value)
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return str(value)
+        if isinstance(value, float):
+            return ("float", repr(value))
+        return value
+
+    return (node.target, freeze(node.args), freeze(node.kwargs))
+
+
+def hoistable(values: Iterable[object], anchor: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes computing ``values`` that come after ``anchor``, in graph order: what must move up
+    for ``values`` to exist right before ``anchor``; None when one of them is ``anchor``, depends on
+    it, or has effects (it cannot move). Valid because a pure node computes the same value wherever
+    it runs once its inputs exist, and the nodes returned are moved in dependency order."""
+    order = {node: i for i, node in enumerate(anchor.graph.nodes)}
+    cone, stack = set(), [v for v in values if isinstance(v, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in cone or order[node] < order[anchor]:
+            continue
+        if node is anchor or node.op not in ("call_function", "get_attr") or node.is_impure():
+            return None
+        cone.add(node)
+        stack.extend(node.all_input_nodes)
+    return sorted(cone, key=order.__getitem__)

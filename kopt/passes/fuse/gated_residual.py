@@ -19,7 +19,7 @@ import operator
 
 import torch
 
-from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.fx.graph_utils import hoistable, meta_value, replace, stamp
 from kopt.fx.match.gated_sum import gated_sum
 from kopt.kernels import adaln_modulation as _adaln_op  # noqa: F401  (torch.ops.kopt.adaln_modulation)
 from kopt.kernels import gated_residual as _gated_op  # noqa: F401  (torch.ops.kopt.gated_residual)
@@ -48,20 +48,10 @@ def match(adaln: torch.fx.Node) -> tuple[torch.fx.Node, ...] | str:
 
 
 def _late_inputs(residual_add: torch.fx.Node, adaln: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The nodes computing the modulation's scale and shift that come after ``residual_add``, in graph
-    order (the fused op goes right after ``residual_add``, where some reader of ``r_new`` may already
-    come, so these move up with it); None if one of them depends on ``residual_add`` or has effects."""
-    order = {node: i for i, node in enumerate(residual_add.graph.nodes)}
-    cone, stack = set(), [a for a in adaln.args[1:3] if isinstance(a, torch.fx.Node)]
-    while stack:
-        node = stack.pop()
-        if node in cone or order[node] < order[residual_add]:
-            continue
-        if node is residual_add or node.op not in ("call_function", "get_attr") or node.is_impure():
-            return None
-        cone.add(node)
-        stack.extend(node.all_input_nodes)
-    return sorted(cone, key=order.__getitem__)
+    """The nodes computing the modulation's scale and shift that come after ``residual_add`` (the
+    fused op goes right after ``residual_add``, where some reader of ``r_new`` may already come, so
+    these move up with it); None if one of them depends on ``residual_add`` or has effects."""
+    return hoistable(adaln.args[1:3], residual_add)
 
 
 class FuseGatedResidual(Pass):

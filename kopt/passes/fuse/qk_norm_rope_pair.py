@@ -11,9 +11,9 @@ joins per-stream ops instead.
 
 Valid when the two ops read the same tables (the same node, or the same chain of views and casts
 of one node), have one mode and inputs of one shape and dtype, and the second op's inputs exist
-where the first op runs (its inputs are computed before it, or are views and casts of values that
-are, or constants: those are moved up). Each output is the very computation of the op it replaces, with its own
-weight and eps. Contract: tolerance — the same arithmetic per row, but the pair's launch config
+where the first op runs (computed before it, or by pure nodes that do not depend on it: those are
+moved up, :func:`kopt.fx.graph_utils.hoistable`). Each output is the very computation of the op it
+replaces, with its own weight and eps. Contract: tolerance — the same arithmetic per row, but the pair's launch config
 (rows and warps per program) is tuned on its own, and a row's sum of squares may be reduced in
 another order.
 """
@@ -24,7 +24,7 @@ import operator
 
 import torch
 
-from kopt.fx.graph_utils import meta_value, replace, stamp
+from kopt.fx.graph_utils import hoistable, meta_value, pure_key, replace, stamp
 from kopt.fx.symbolic import same_sizes
 from kopt.kernels import qk_norm_rope as _registers_single  # noqa: F401  (torch.ops.kopt.qk_norm_rope)
 from kopt.kernels import qk_norm_rope_pair as _registers_the_op  # noqa: F401  (torch.ops.kopt.qk_norm_rope_pair)
@@ -33,65 +33,35 @@ from kopt.passes.base import Contract, Pass, PassContext
 aten = torch.ops.aten
 RULE = "qk-norm-rope-pair"
 SINGLE = torch.ops.kopt.qk_norm_rope.default
-# Ops that only re-view or re-type one value: same inputs, same result, and free to move earlier.
-_PURE = frozenset({aten.squeeze.dim, aten.unsqueeze.default, aten._to_copy.default, aten.view.default,
-                   aten.slice.Tensor, aten.select.int, aten.expand.default, aten.permute.default,
-                   aten.transpose.int, aten.reshape.default, aten._unsafe_view.default})
+# Ops that only re-view or re-type one value: two of them on equal arguments are the same table.
+_VIEWS_AND_CASTS = frozenset({aten.squeeze.dim, aten.unsqueeze.default, aten._to_copy.default, aten.view.default,
+                              aten.slice.Tensor, aten.select.int, aten.expand.default, aten.permute.default,
+                              aten.transpose.int, aten.reshape.default, aten._unsafe_view.default,
+                              aten.view_as_real.default})
 
 
-def value_key(value: object, depth: int = 6) -> object:
-    """A key equal for two arguments that compute the same value: the node itself, the constant it
-    reads, or a pure op's target and its arguments' keys (so two ``squeeze(table, 0)`` nodes
-    compare equal)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(value_key(v, depth) for v in value)
-    if not isinstance(value, torch.fx.Node):
-        return ("const", repr(value))
-    if value.op == "get_attr":  # one constant read twice
-        return ("get_attr", value.target)
-    if depth == 0 or value.op != "call_function" or value.target not in _PURE:
-        return value
-    return (value.target, value_key(value.args, depth - 1),
-            tuple(sorted((k, repr(v)) for k, v in value.kwargs.items())))
+def table_key(node: torch.fx.Node) -> object:
+    """Equal for two table arguments that are the same value: one node, one constant, or equal chains
+    of views and casts of one (each fusion that emits a ``qk_norm_rope`` converts the table itself)."""
+    if node.op == "get_attr" or (node.op == "call_function" and node.target in _VIEWS_AND_CASTS):
+        return pure_key(node, table_key)
+    return node
 
 
 def _group_key(node: torch.fx.Node) -> object:
     x, _, cos, sin, _, mode = node.args
     value = meta_value(x)
-    return (value_key(cos), value_key(sin), mode, None if value is None else value.dtype)
+    return (table_key(cos), table_key(sin), mode, None if value is None else value.dtype)
 
 
-def _movable_before(value: object, anchor: torch.fx.Node,
-                    order: dict[torch.fx.Node, int]) -> list[torch.fx.Node] | None:
-    """The nodes to move before ``anchor`` so that ``value`` exists there (in dependency order), or
-    None when it cannot (it is computed after ``anchor`` by something other than a view or cast)."""
-    if isinstance(value, (list, tuple)):
-        moves: list[torch.fx.Node] = []
-        for item in value:
-            found = _movable_before(item, anchor, order)
-            if found is None:
-                return None
-            moves += [n for n in found if n not in moves]
-        return moves
-    if not isinstance(value, torch.fx.Node) or order[value] < order[anchor]:
-        return []
-    if value.op == "get_attr":  # reads a constant: no inputs, free to move
-        return [value]
-    if value.op != "call_function" or value.target not in _PURE:
-        return None
-    inner = _movable_before([*value.args, *value.kwargs.values()], anchor, order)
-    return None if inner is None else [*inner, value]
-
-
-def why_not_pair(first: torch.fx.Node, second: torch.fx.Node,
-                 order: dict[torch.fx.Node, int]) -> list[torch.fx.Node] | str:
+def why_not_pair(first: torch.fx.Node, second: torch.fx.Node) -> list[torch.fx.Node] | str:
     """The nodes to move before ``first`` for the pair to replace both, or why they cannot pair."""
     a, b = meta_value(first.args[0]), meta_value(second.args[0])
     if a is None or b is None or not same_sizes(a.shape, b.shape):
         return "Q and K differ in shape (cross-attention or grouped heads): one kernel rotates one shape"
-    moves = _movable_before(list(second.args), first, order)
+    moves = hoistable(second.args, first)
     if moves is None:
-        return "the second op's input is computed after the first op by more than views and casts"
+        return "the second op's input is computed after the first op, from its result or with effects"
     return moves
 
 
@@ -115,10 +85,9 @@ class FuseQKNormRopePair(Pass):
         waiting = list(members)
         while len(waiting) >= 2:
             first = waiting.pop(0)
-            order = {n: i for i, n in enumerate(graph.nodes)}
             reasons = []
             for second in waiting:
-                found = why_not_pair(first, second, order)
+                found = why_not_pair(first, second)
                 if isinstance(found, str):
                     reasons.append(found)
                     continue

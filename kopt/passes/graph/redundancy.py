@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kopt.fx.binding_time import is_pure
-from kopt.fx.graph_utils import replace
+from kopt.fx.graph_utils import pure_key, replace
 from kopt.fx.symbolic import same_sizes
 from kopt.passes.base import Contract, Pass, PassContext
 
@@ -22,25 +22,6 @@ aten = torch.ops.aten
 _NOOP_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                aten.expand.default, aten.alias.default, aten.slice.Tensor}
 _NOOP_COPIES = {aten.clone.default, aten._to_copy.default, aten.contiguous.default}
-
-
-def _key(node: torch.fx.Node) -> object:
-    if node.op == "get_attr":
-        return ("get_attr", node.target)
-    def freeze(value: object) -> object:
-        if isinstance(value, (list, tuple)):
-            return (type(value).__name__, tuple(freeze(v) for v in value))
-        if isinstance(value, dict):
-            return tuple(sorted((k, freeze(v)) for k, v in value.items()))
-        if isinstance(value, torch.fx.Node):
-            return ("node", id(value))
-        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
-            return str(value)
-        if isinstance(value, float):
-            return ("float", repr(value))  # keep -0.0 and nan distinct from 0.0 and each other
-        return value
-
-    return (node.target, freeze(node.args), freeze(node.kwargs))
 
 
 def _same_tensor_layout(a: object, b: object) -> bool:
@@ -80,7 +61,7 @@ class RedundancyElimination(Pass):
                 graph.erase_node(node)
                 continue
             try:
-                key = _key(node)
+                key = pure_key(node)
                 hash(key)
             except TypeError:
                 ctx.decline("cse", node, "arguments are not hashable")
