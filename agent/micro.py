@@ -13,8 +13,9 @@ neighbours), so the bound errs toward measuring. The numbers land in the KB as t
 
 Under an end-to-end A/B that lowers with Inductor on a GPU, "the region it replaces" is the region
 as Inductor lowers it alone (:func:`kopt.agent.candidate.lowered_original_candidate`), not the region
-run op by op: a candidate that only beats unfused ops would pass here and lose the A/B to Inductor's
-own fusion (two such candidates cost 243 s of a 6 min run on Llama-3.1-8B, ``s17e``).
+run op by op: a candidate that only beats unfused ops would pass here and then lose a whole-model
+A/B to Inductor's own fusion. Where Inductor cannot lower the region alone, it is timed op by op (an
+upper bound of what it costs), and the reason says so.
 
 Clocks: the sandboxed harness (:func:`kopt.agent.verify.time_candidate`, a fresh child process per
 candidate, on the device the model runs on; the original region is timed once per region and cached)
@@ -110,21 +111,23 @@ class MicroBench:
         region = occurrence.region
         key = incumbent.content_hash if incumbent else region.signature
         if key not in self._original_ms:
-            against = "the accepted candidate" if incumbent else "the original region"
-            if incumbent is None and self.lowered:
-                measured = self._harness_ms(region, lowered_original_candidate(region))
-                if isinstance(measured, str):  # Inductor could not lower it alone: op by op is an upper bound
-                    against = f"the original region op by op (Inductor's lowering of it alone: {measured})"
-                    measured = self._harness_ms(region, original_candidate(region))
-                else:
-                    against = "the original region as Inductor lowers it"
-            else:
-                measured = self._harness_ms(region, incumbent or original_candidate(region))
+            measured, against = self._timed_incumbent(region, incumbent)
             if isinstance(measured, str):
                 return measured
-            self._original_ms[key] = measured
-            self._against[key] = against
+            self._original_ms[key], self._against[key] = measured, against
         return self._original_ms[key]
+
+    def _timed_incumbent(self, region: Any, incumbent: Candidate | None) -> tuple[list[float] | str, str]:
+        """(times in ms or why not, what was timed) for :meth:`_incumbent_ms`."""
+        if incumbent is not None:
+            return self._harness_ms(region, incumbent), "the accepted candidate"
+        if not self.lowered:
+            return self._harness_ms(region, original_candidate(region)), "the original region"
+        measured = self._harness_ms(region, lowered_original_candidate(region))
+        if not isinstance(measured, str):
+            return measured, "the original region as Inductor lowers it"
+        return (self._harness_ms(region, original_candidate(region)),
+                f"the original region op by op (Inductor's lowering of it alone: {measured})")
 
     @property
     def cost_model(self) -> bool:

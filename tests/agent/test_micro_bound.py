@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kopt.agent.micro import MicroBench
 
 SIG = "a" * 64
@@ -50,3 +52,29 @@ def test_the_baseline_is_inductors_lowering_only_under_an_inductor_a_b_on_a_gpu(
     assert MicroBench(types.SimpleNamespace(lower="inductor"), timing=gpu).lowered
     assert not MicroBench(types.SimpleNamespace(lower="eager"), timing=gpu).lowered
     assert not MicroBench(types.SimpleNamespace(lower="inductor"), timing=cpu).lowered
+
+
+@pytest.mark.parametrize(("lowered_fails", "want_timed", "want_against"), [
+    (False, ["inductor"], "the original region as Inductor lowers it"),
+    (True, ["inductor", "op by op"], "the original region op by op (Inductor's lowering of it alone: "
+                                     "timing failed: timing-tamper: torch.manual_seed replaced)")])
+def test_the_lowered_baseline_falls_back_to_op_by_op_and_says_so(monkeypatch, lowered_fails, want_timed,
+                                                                 want_against):
+    """Where Inductor cannot time the region alone, the op-by-op time stands in, and the reason a
+    rejection gives names which baseline was timed."""
+    import types
+
+    from kopt.agent.verify import TimingConfig
+
+    timed = []
+
+    def harness(self, region, candidate):
+        lowered = dict(candidate.params).get("lowered")
+        timed.append(lowered or "op by op")
+        return "timing failed: timing-tamper: torch.manual_seed replaced" if lowered and lowered_fails else [1.0] * 20
+
+    monkeypatch.setattr(MicroBench, "_harness_ms", harness)
+    region = types.SimpleNamespace(signature=SIG, source="def region(x):\n    return x\n")
+    bench = MicroBench(types.SimpleNamespace(lower="inductor"), timing=TimingConfig(device="cuda:0"))
+    assert bench._incumbent_ms(types.SimpleNamespace(region=region), None) == [1.0] * 20
+    assert timed == want_timed and bench._against[SIG] == want_against

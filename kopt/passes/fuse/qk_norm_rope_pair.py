@@ -4,10 +4,10 @@
     k = kopt.qk_norm_rope(xk, wk, cos, sin, eps_k, mode)
   → q, k = kopt.qk_norm_rope_pair(xq, wq, eps_q, xk, wk, eps_k, cos, sin, mode)
 
-Why: both kernels read the tables; the pair reads them once (LTX-Video's (S, 2048) float32 tables
-are a third of the two kernels' bytes). Runs after the passes that emit ``kopt::qk_norm_rope``
-(``fuse-qk-norm-rope``, ``fuse-qk-norm-rope-real``) and after ``fuse-joint-attention-input``, which
-joins per-stream ops instead.
+Why: both kernels read the tables; the pair reads them once (with LTX-Video's (S, 2048) float32
+tables, the second read is a third of the two kernels' bytes). Runs after the passes that emit
+``kopt::qk_norm_rope`` (``fuse-qk-norm-rope``, ``fuse-qk-norm-rope-real``) and after
+``fuse-joint-attention-input``, which joins per-stream ops instead.
 
 Valid when the two ops read the same tables (the same node, or the same chain of views and casts
 of one node), have one mode and inputs of one shape and dtype, and the second op's inputs exist
