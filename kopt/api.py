@@ -23,7 +23,7 @@ from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec
 from kopt.progress import show_progress
 from kopt.regional import KoptRegional, compile_regional
-from kopt.release import WeightsReleasedError
+from kopt.release import Release, WeightsReleasedError, resolve_release
 from kopt.report import Report
 
 log = logging.getLogger("kopt")  # progress at INFO (kopt.progress shows it)
@@ -78,7 +78,7 @@ class KoptModule(torch.nn.Module):
     """
 
     def __init__(self, module: torch.nn.Module, backend: KoptBackend, *, fullgraph: bool,
-                 dynamic: bool | None, release_weights: bool = False) -> None:
+                 dynamic: bool | None, release_weights: Release = False) -> None:
         super().__init__()
         self._orig_mod = module
         object.__setattr__(self, "_kopt_release_pending", release_weights)
@@ -90,9 +90,10 @@ class KoptModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = _run(self._kopt_backend, self._kopt_compiled, type(self._orig_mod).__name__, args, kwargs)
-        if self._kopt_release_pending:  # the first call compiled every graph of the forward: free what none reads
+        release = self._kopt_release_pending
+        if release:  # the first call compiled every graph of the forward: free what none reads
             object.__setattr__(self, "_kopt_release_pending", False)
-            self._kopt_backend.release_unread_weights()
+            self._kopt_backend.release_unread_weights(None if release is True else release)
         return out
 
     @property
@@ -148,7 +149,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             trace: str | Path | None = None, fuel: int | None = None, memo_entries: int = 2,
             fullgraph: bool = False, dynamic: bool | None = None,
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
-            release_weights: bool = False, mode: str | None = None, progress: bool | None = None,
+            release_weights: bool | None = None, mode: str | None = None, progress: bool | None = None,
             check_lowering: bool | None = None, kb: str | Path | bool | None = None,
             regional: bool = False, share_weights: bool = True) -> KoptModule | KoptFunction | KoptRegional:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
@@ -187,12 +188,18 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             one per kernel; outputs are returned as fresh tensors). None (default): on for
             ``lower="inductor"`` when the inputs are CUDA tensors; ``False`` launches kernel by kernel.
         release_weights: after the first call, free the storage of the module's weights that no
-            compiled graph reads (the bf16 originals of FP8-quantized or merged linears). The module
-            can then no longer run by itself, and a call that needs a new compilation (new shapes,
-            changed weights) raises :class:`kopt.WeightsReleasedError`. With ``regional=True`` the
-            first call runs every block, and each block's own weights are freed the same way. A freed
-            weight keeps its shape but holds no bytes: writing into it (``param.data.copy_``, fusing
-            a LoRA adapter) is out of bounds, a crash on the CPU and undefined on a GPU.
+            compiled graph reads (the bf16 originals of FP8-quantized linears; merged ones are
+            shared, see ``share_weights``). None (default): only with ``fp8``, and only weights on a
+            GPU: the quantized weights then replace the bf16 ones (the module is handed over, as a
+            quantization library would take it), so that peak memory stays at or below eager
+            bf16's; ``False`` keeps both; ``True`` frees on every device.
+            After a release the module can no longer run by itself, and a call that needs a new
+            compilation (new shapes, changed weights, ``kopt_refresh()``) raises
+            :class:`kopt.WeightsReleasedError` naming the fix (``release_weights=False``). With
+            ``regional=True`` the first call runs every block, and each block's own weights are freed
+            the same way. A freed weight keeps its shape but holds no bytes: writing into it
+            (``param.data.copy_``, fusing a LoRA adapter) or moving the module (``.to()``) reads or
+            writes out of bounds, a crash on the CPU and a CUDA error on a GPU.
         mode: ``torch.compile``'s modes: ``"default"``, ``"reduce-overhead"`` (CUDA graphs on),
             ``"max-autotune"`` (Inductor's GEMM and launch-config tuning, CUDA graphs on),
             ``"max-autotune-no-cudagraphs"`` (the same, CUDA graphs off); an explicit
@@ -232,11 +239,12 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
                            on_weight_change=on_weight_change, weight_check=weight_check, trace=trace, fuel=fuel,
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
                            progress=progress, check_lowering=check_lowering, kb=kb, share_weights=share_weights)
+    release = resolve_release(release_weights, fp8)
     if regional:
         return compile_regional(model, backend, fullgraph=fullgraph, dynamic=dynamic,  # type: ignore[arg-type]
-                                release_weights=release_weights)
+                                release_weights=release)
     if not isinstance(model, torch.nn.Module):
         if release_weights:
             raise ValueError("release_weights=True frees a module's weights; a function has none")
         return KoptFunction(model, backend, fullgraph=fullgraph, dynamic=dynamic)
-    return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic, release_weights=release_weights)
+    return KoptModule(model, backend, fullgraph=fullgraph, dynamic=dynamic, release_weights=release)

@@ -9,7 +9,7 @@ report and options.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +112,13 @@ class KoptBackend:
             graph.dispose()
         self.compiled.clear()
 
-    def release_unread_weights(self) -> int:
-        """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`)."""
+    def release_unread_weights(self, devices: Sequence[str] | None = None) -> int:
+        """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`), only on
+        ``devices``' types when given."""
         live: set[int] = set()
         for graph in self.compiled:
             live |= graph.read_storages()
-        freed = release_unread_weights((t for g in self.compiled for t in g.release_candidates()), live)
+        freed = release_unread_weights((t for g in self.compiled for t in g.release_candidates()), live, devices)
         for graph in self.compiled:
             graph.forget_released()
         self.report.released_bytes += freed

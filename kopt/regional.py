@@ -30,6 +30,7 @@ from torch import nn
 
 from kopt.config import WeightChange
 from kopt.forward_replay import ForwardReplay
+from kopt.release import Release
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -76,7 +77,7 @@ class KoptRegional(nn.Module):
     recompilation) and what the whole-forward replay did; ``blocks`` names the block classes."""
 
     def __init__(self, model: nn.Module, backend: Any, blocks: list[str], replay: bool = False,
-                 release_weights: bool = False) -> None:
+                 release_weights: Release = False) -> None:
         super().__init__()
         self._orig_mod = model
         self._kopt_backend = backend
@@ -100,9 +101,10 @@ class KoptRegional(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self._replay(*args, **kwargs) if self._replay is not None else self._orig_mod(*args, **kwargs)
-        if self._release_pending:  # the first call ran every block: each has its graph and derived weights
+        release = self._release_pending
+        if release:  # the first call ran every block: each has its graph and derived weights
             self._release_pending = False
-            self._kopt_backend.release_unread_weights()
+            self._kopt_backend.release_unread_weights(None if release is True else release)
         return out
 
     @property
@@ -122,12 +124,13 @@ class KoptRegional(nn.Module):
 
 
 def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
-                     dynamic: bool | None = None, release_weights: bool = False) -> KoptRegional:
+                     dynamic: bool | None = None, release_weights: Release = False) -> KoptRegional:
     """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`).
     When the backend's options ask for CUDA graphs, the whole forward is what is recorded; the blocks'
     graphs record their own (one per block, since each calls with its own weights) only if it cannot be.
     ``release_weights``: after the first call, free every block's weights no compiled graph reads
-    (:mod:`kopt.release`: the bf16 originals of FP8 linears, in each block's weight set)."""
+    (:mod:`kopt.release`: the bf16 originals of FP8 linears, in each block's weight set): all of them
+    (True), or those on the given device types."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"regional compilation compiles a module's blocks; got {type(model).__name__}")
     replay = backend.options.use_cuda_graphs

@@ -1,4 +1,5 @@
-"""Release the weights a compiled model no longer reads: ``kopt.compile(..., release_weights=True)``.
+"""Release the weights a compiled model no longer reads: ``kopt.compile(..., release_weights=True)``,
+the default with ``fp8`` (:func:`release_by_default`).
 
 kopt freezes weights into the rewritten graph, and some rewrites replace them with new constants:
 ``fp8-linear`` reads FP8 copies, ``sibling-merge`` concatenated ones. The user's module still holds
@@ -24,6 +25,32 @@ import torch
 from kopt.fx.constants import constant_value
 
 
+def release_by_default(fp8: object) -> bool:
+    """Whether ``kopt.compile`` releases weights when ``release_weights`` is not given: with FP8, and
+    then only weights on a GPU (:data:`DEFAULT_DEVICES`).
+
+    The FP8 copies replace the bf16 weights as a quantization library's would (torchao quantizes a
+    module in place); keeping both would hold 1.5× the model (FLUX.2: 64 GB of bf16 beside 30 GB of
+    FP8) and break the promise that a compiled model peaks no higher than eager. Without FP8 nothing
+    is duplicated (merged weights are shared: :mod:`kopt.fx.shared_weights`), so nothing is freed.
+    On the CPU, memory is not what FP8 is for (there it emulates the GPU's numerics), so the module
+    is left whole.
+    """
+    return fp8 is not None and fp8 is not False
+
+
+DEFAULT_DEVICES = ("cuda",)  # where a default release frees weights: device memory is what it saves
+
+Release = bool | tuple[str, ...]  # what a compiled module frees after its first call: all, nothing, or on these devices
+
+
+def resolve_release(release_weights: bool | None, fp8: object) -> Release:
+    """``kopt.compile``'s ``release_weights`` made explicit: None means :func:`release_by_default`."""
+    if release_weights is None:
+        return DEFAULT_DEVICES if release_by_default(fp8) else False
+    return bool(release_weights)
+
+
 class WeightsReleasedError(RuntimeError):
     """A recompilation needed weights that ``release_weights=True`` freed after the first compile."""
 
@@ -39,10 +66,10 @@ def check_not_released(example_inputs: Sequence[Any], sources: Sequence[str]) ->
     for tensor, source in zip(example_inputs, sources, strict=True):
         if is_released(tensor):
             raise WeightsReleasedError(
-                f"{source} was released after compiling (release_weights=True), and this call needs a "
-                "new compilation (new input shapes, changed weights or kopt_refresh()). Compile without "
-                "release_weights to keep the module's weights, or call the model with the shapes it was "
-                "compiled for.")
+                f"{source} was released after compiling (release_weights=True, the default with fp8), and "
+                "this call needs a new compilation (new input shapes, changed weights or kopt_refresh()). "
+                "Compile with release_weights=False to keep the module's weights, or call the model with the "
+                "shapes it was compiled for.")
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -59,12 +86,16 @@ def read_storages(graph_module: torch.fx.GraphModule) -> set[int]:
     return live
 
 
-def release_unread_weights(candidates: Iterable[torch.Tensor], live: set[int]) -> int:
-    """Free each candidate whose storage no compiled graph reads; the number of bytes freed."""
+def release_unread_weights(candidates: Iterable[torch.Tensor], live: set[int],
+                           devices: Sequence[str] | None = None) -> int:
+    """Free each candidate whose storage no compiled graph reads (only those on ``devices``' types, when
+    given); the number of bytes freed."""
     freed = 0
     seen: set[int] = set()
     for tensor in candidates:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta" or is_released(tensor):
+            continue
+        if devices is not None and tensor.device.type not in devices:
             continue
         storage = _storage(tensor)
         if storage in live or storage in seen:

@@ -173,14 +173,36 @@ def test_quantize_replaces_block_linears_only_and_is_idempotent() -> None:
 def test_model_mutating_variants_run_last() -> None:
     names = [v.name for v in select("fp8,eager,kopt", "full", whole_model=False)]
     assert names == ["eager", "kopt", "fp8+torch.compile"]
-    releasing = select("kopt-fp8-release,eager", "full", whole_model=False)
-    assert [v.name for v in releasing] == ["eager", "kopt-fp8-release"]
-    with pytest.raises(SystemExit, match="kopt-fp8-release leaves the model unusable"):
-        select("eager,kopt-fp8-release,fp8", "full", whole_model=False)
+    releasing = [v.name for v in select("kopt-regional-fp8-attn,eager,fp8,kopt-regional-fp8-attn-keep-weights",
+                                        "full", whole_model=False)]  # kopt's FP8 frees bf16 weights by default
+    assert releasing == ["eager", "kopt-regional-fp8-attn-keep-weights", "kopt-regional-fp8-attn", "fp8+torch.compile"]
     assert "torch.compile-full" not in [v.name for v in select("auto", "full", whole_model=False)]
     assert "torch.compile-full" in [v.name for v in select("auto", "full", whole_model=True)]
-    tiny_default = [v.name for v in select("auto", "tiny", whole_model=False)]  # no exclusive variant in it
-    assert "kopt-regional" in tiny_default and not any(v.endswith("-release") for v in tiny_default)
+    tiny_default = [v.name for v in select("auto", "tiny", whole_model=False)]
+    assert "kopt-regional" in tiny_default and not any(v.endswith("-keep-weights") for v in tiny_default)
+
+
+def test_a_model_changed_by_a_variant_is_built_again_with_the_same_weights() -> None:
+    """Two model-changing variants in one process: the second gets the model built again from seed 0,
+    and a build that came out different would be refused (its references would not apply)."""
+    from benchmarks.dit import dit
+    from benchmarks.dit.log import Log
+
+    args = dit.parse_args(["--size", "tiny", "--device", "cpu", "--models", "flux2", "--no-ceilings"])
+    setup = dit.Setup(size="tiny", device=torch.device("cpu"), dtype=torch.float32)
+    run = dit.Run(args, setup, [], Log(), dict(rows=[], per_model={}, models=["flux2"]))
+    state = dit.build_state(run, "flux2")
+    first = state.model
+    before = {k: v.clone() for k, v in first.state_dict().items()}
+    assert quantize_linears(first, min_features=16)[0] > 0  # what an FP8 variant leaves behind
+    rebuilt = dit.rebuild_model(run, state)
+    assert rebuilt.model is not first and state.model is None
+    after = rebuilt.model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert rebuilt.reference is state.reference
+    rebuilt.fingerprint[0] += 1  # a model that does not match the fingerprint is refused
+    with pytest.raises(RuntimeError, match="other weights"):
+        dit.rebuild_model(run, rebuilt)
 
 
 def test_stepping_calls_never_repeat_a_timestep_even_in_bf16():

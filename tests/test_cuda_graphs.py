@@ -170,3 +170,34 @@ def test_a_replay_must_compute_what_the_plain_call_computed():
     q = torch.randn(64).to(torch.float8_e4m3fn)  # FP8 outputs (an activation quantizer's) are compared too
     assert replay_mismatch((q.clone(),), (q,)) is None
     assert "relative error" in replay_mismatch(((q.float() * 2).to(torch.float8_e4m3fn),), (q,))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_recordings_that_differ_only_in_weights_share_input_buffers_and_stay_exact():
+    """One graph called with three blocks' weights (regional compilation without a whole-forward
+    replay): three recordings, one set of input buffers, and alternating calls on fresh inputs each
+    compute what their own block computes, as a chain of blocks would call them."""
+    torch.manual_seed(0)
+    weights = [torch.randn(256, 256, device="cuda") / 16 for _ in range(3)]
+
+    def block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w) + x
+
+    runner = CudaGraphRunner(block, static_inputs=(1,), warmup=1, max_graphs=8)
+    for _ in range(4):
+        x = torch.randn(64, 256, device="cuda")
+        h = x
+        for w in weights:
+            h = runner(h, w)
+        expected = x
+        for w in weights:
+            expected = block(expected, w)
+        assert rel_err(h, expected) < 1e-5
+    assert runner.stats.recorded == 3 and runner.stats.replays >= 3
+    buffers = {id(r.inputs[0]) for r in runner._graphs.values()}
+    assert len(buffers) == 1
+    unshared = CudaGraphRunner(block, static_inputs=(1,), warmup=0, clone_outputs=False)
+    for w in weights[:2]:
+        unshared(torch.randn(64, 256, device="cuda"), w)
+    assert len({id(r.inputs[0]) for r in unshared._graphs.values()}) == 2  # a returned output may alias one

@@ -1,7 +1,7 @@
-"""release_weights=True: after the first call the module's weights that no compiled graph reads
-are freed (the bf16 originals of FP8 or merged linears), outputs do not change, the weights still
-read are kept, and a call needing a new compilation raises a clear error instead of computing
-with empty weights."""
+"""release_weights: after the first call the module's weights that no compiled graph reads are
+freed (the bf16 originals of FP8 linears), outputs do not change, the weights still read are kept,
+and a call needing a new compilation raises a clear error instead of computing with empty weights.
+By default only with FP8 and only on a GPU."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import kopt
 from kopt.fp8 import Fp8Config
 from kopt.reference import reference_forward
-from kopt.release import is_released
+from kopt.release import DEFAULT_DEVICES, is_released, resolve_release
 from tests.conftest import rel_err, tiny_model_and_inputs
 
 
@@ -56,13 +56,48 @@ def test_a_call_that_needs_a_new_compilation_raises_clearly():
             free(**inputs)
 
 
-def test_without_the_option_nothing_is_freed():
+def test_by_default_only_fp8_releases_and_only_weights_on_a_gpu():
+    assert resolve_release(None, Fp8Config()) == DEFAULT_DEVICES == ("cuda",)
+    assert resolve_release(None, True) == DEFAULT_DEVICES
+    assert resolve_release(None, None) is False and resolve_release(None, False) is False
+    assert resolve_release(False, Fp8Config()) is False and resolve_release(True, None) is True
+
+
+@pytest.mark.parametrize("release_weights", [None, False])
+def test_on_the_cpu_by_default_or_when_asked_to_keep_nothing_is_freed(release_weights):
     _, model, inputs = _model_and_inputs("qwen-image")
-    compiled = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager")
+    compiled = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", release_weights=release_weights)
     with torch.no_grad():
         compiled(**inputs)
+        eager = model(**inputs)[0]  # the module still runs by itself
     assert compiled.kopt_report.released_bytes == 0
     assert not any(is_released(p) for p in model.parameters())
+    assert rel_err(compiled(**inputs)[0], eager) < 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("regional", [False, True])
+def test_on_a_gpu_fp8_frees_the_bf16_weights_by_default_and_a_new_shape_says_how_to_keep_them(regional):
+    from kopt.workloads import get_workload
+
+    workload = get_workload("qwen-image")
+    torch.manual_seed(0)
+    model = workload.model("tiny", device="cuda", dtype=torch.bfloat16)
+    inputs = workload.inputs("tiny", device="cuda", dtype=torch.bfloat16, seed=41)
+    with torch.no_grad():
+        exact = reference_forward(model, **inputs)[0]
+    compiled = kopt.compile(model, fp8=Fp8Config(min_features=16), regional=regional)
+    with torch.no_grad():
+        for _ in range(3):  # compile and release, then replays
+            assert rel_err(compiled(**inputs)[0], exact) < 0.1
+        assert compiled.kopt_report.released_bytes > 0 and "default with fp8" in str(compiled.kopt_report)
+        assert any(is_released(p) for p in model.parameters())
+        resized = workload.resized(inputs, height=8, width=6, text=7, seed=3)
+        bigger = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.cuda())
+                  if isinstance(v, torch.Tensor) else v for k, v in resized.items()}
+        with pytest.raises(kopt.WeightsReleasedError, match="release_weights=False"):
+            compiled(**bigger)
 
 
 def test_regional_compilation_frees_every_blocks_quantized_weights():

@@ -180,6 +180,7 @@ class ModelState:
     reference_cfg: torch.Tensor
     eager: torch.Tensor
     eager_cfg: torch.Tensor
+    fingerprint: torch.Tensor  # per-parameter sums: a rebuilt model must match them exactly
 
 
 def replay_status(prepared: Prepared) -> str | None:
@@ -336,6 +337,7 @@ def build_state(run: Run, name: str) -> ModelState:
     model = workload.model(size, device=device, dtype=dtype)
     params = sum(p.numel() for p in model.parameters())
     run.log(f"built {name} ({size}): {params / 1e6:.1f} M parameters, allocated {allocated_gb(device)} GB")
+    fingerprint = weights_fingerprint(model)
     inputs = workload.inputs(size, device=device, dtype=dtype, seed=0)
     negative = workload.inputs(size, device=device, dtype=dtype, seed=1, negative=True)
     eager = first_tensor(model(**inputs)).clone()
@@ -355,7 +357,29 @@ def build_state(run: Run, name: str) -> ModelState:
     run.results["per_model"][name] = info
     run.log(f"{name}: reference forward ({info['reference']['dtype']}) {reference_s:.2f} s, peak upcast copies "
             f"{stats.peak_live_bytes / 1e9:.3f} GB; eager vs reference {info['eager_vs_reference']}")
-    return ModelState(name, workload, model, inputs, negative, reference, reference_cfg, eager, eager_cfg)
+    return ModelState(name, workload, model, inputs, negative, reference, reference_cfg, eager, eager_cfg, fingerprint)
+
+
+def weights_fingerprint(model: torch.nn.Module) -> torch.Tensor:
+    """Each parameter's sum, in float64 on the host: equal for two builds from one seed, or not the same model."""
+    with torch.no_grad():
+        return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()
+
+
+def rebuild_model(run: Run, state: ModelState) -> ModelState:
+    """The model built again from the same seed, after a variant changed or released its weights (FP8,
+    as kopt's FP8 does by default): the references and eager outputs stay valid because the weights are
+    the same, which the fingerprint checks."""
+    state.model = None  # type: ignore[assignment]  # free the old weights before building the new ones
+    free_compiled_state(run.device)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    model = state.workload.model(run.setup.size, device=run.device, dtype=run.setup.dtype)
+    if not torch.equal(weights_fingerprint(model), state.fingerprint):
+        raise RuntimeError(f"{state.name} built again from seed 0 has other weights: its references do not apply")
+    run.log(f"{state.name}: built again for the next model-changing variant in {time.perf_counter() - start:.1f} s, "
+            f"allocated {allocated_gb(run.device)} GB")
+    return dataclasses.replace(state, model=model)
 
 
 def _count_flops(run: Run, state: ModelState) -> dict[str, Any] | None:
@@ -375,6 +399,7 @@ def run_model(run: Run, name: str) -> None:
     state = build_state(run, name)
     info = run.results["per_model"][name]
     info["flops"] = _count_flops(run, state)
+    changed = False  # a variant changed or released the model's weights
     for variant in run.variants:
         skipped = over_budget(run, variant)
         if skipped:
@@ -384,6 +409,9 @@ def run_model(run: Run, name: str) -> None:
             continue
         run.log(f"{name} {variant.name}: {variant.description}")
         began = run.log.elapsed()
+        if variant.mutates_model and changed:
+            state = rebuild_model(run, state)
+        changed |= variant.mutates_model
         run_variant(run, state, variant)
         if run.args.warm_compile:
             measure_warm_compile(run, name, variant)

@@ -7,8 +7,9 @@ add one line to :data:`KOPT_OPTIONS`; to add anything else, append a :class:`Var
 :func:`all_variants`.
 
 The model is built once per process and shared, so variants must leave it as they found it;
-the FP8 variants cannot (they drop bf16 weights to fit FLUX.2 on one card) and so are marked
-``mutates_model`` and run after all the others.
+the FP8 variants cannot (they drop bf16 weights, as kopt's FP8 does by default: ``release_weights``)
+and so are marked ``mutates_model`` and run after all the others; the harness builds the model
+again, from the same seed, before each one after the first (``dit.rebuild_model``).
 """
 
 from __future__ import annotations
@@ -57,8 +58,7 @@ class Variant:
     description: str
     prepare: Callable[[nn.Module, Setup], Prepared]
     cfg_pair: bool = False
-    mutates_model: bool = False
-    exclusive: bool = False  # leaves the model unusable: no other model-mutating variant may share its process
+    mutates_model: bool = False  # leaves the model changed or unusable: run last, on a model built again
     estimate_full_s: float = 60.0  # rough wall seconds at full size (compile + timing + profile)
     aliases: tuple[str, ...] = ()
 
@@ -157,6 +157,9 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
     # regional compilation (compile time of a few blocks) with FP8 linears and attention
     "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
+    # FP8 keeping the module's bf16 weights (release_weights=False): their memory and per-call checksum
+    "kopt-regional-fp8-attn-keep-weights": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True),
+                                                release_weights=False),
     # regional bf16 with weight changes noticed by version counter and storage only (no comparison on a side stream)
     "kopt-regional-version-check": dict(passes="auto", regional=True, weight_check="version"),
     # the same without the per-call checksum of the bf16 weights behind the FP8 copies (what it costs)
@@ -212,6 +215,14 @@ def _kopt(options: dict[str, Any]) -> Callable[[nn.Module, Setup], Prepared]:
     return prepare
 
 
+def _releases(options: dict[str, Any]) -> bool:
+    """Whether ``kopt.compile(**options)`` frees the module's weights after its first call."""
+    from kopt.release import release_by_default
+
+    chosen = options.get("release_weights")
+    return release_by_default(options.get("fp8")) if chosen is None else bool(chosen)
+
+
 def _without_pdl(prepare: Callable[[nn.Module, Setup], Prepared]) -> Callable[[nn.Module, Setup], Prepared]:
     """``prepare`` with kopt's kernels launched without programmatic dependent launch (``KOPT_PDL=0``) for
     as long as the variant lives: its CUDA graphs are recorded after ``prepare`` returns, at the first calls,
@@ -256,21 +267,14 @@ def all_variants() -> list[Variant]:
     ]
     estimates = {"kopt-eager": 120}  # FLUX.1-dev config on an H200: ~125 s compile, timing and profile
     variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
-                         estimate_full_s=estimates.get(name, 150)) for name, options in KOPT_OPTIONS.items()]
+                         mutates_model=_releases(options), estimate_full_s=estimates.get(name, 150))
+                 for name, options in KOPT_OPTIONS.items()]
     variants += [Variant(f"{name}-nopdl", f"{name} with KOPT_PDL=0 (no programmatic dependent launch)",
-                         _without_pdl(_kopt(options)), cfg_pair=True, estimate_full_s=120)
+                         _without_pdl(_kopt(options)), cfg_pair=True, mutates_model=_releases(options),
+                         estimate_full_s=120)
                  for name, options in (("kopt-regional", dict(passes="auto", regional=True)),
                                        ("kopt-regional-fp8-attn", KOPT_OPTIONS["kopt-regional-fp8-attn"]))]
     variants += [
-        # frees the module's bf16 weights that the compiled graph no longer reads: nothing can run
-        # on the model after it, so it is the only model-mutating variant of its process
-        Variant("kopt-fp8-release", "kopt fp8 with release_weights=True (peak memory)",
-                _kopt(dict(passes="auto", fp8=Fp8Config(), release_weights=True)), cfg_pair=True,
-                mutates_model=True, exclusive=True, estimate_full_s=200),
-        Variant("kopt-regional-fp8-attn-release", "kopt regional fp8 + FP8 attention with release_weights=True "
-                "(every block's bf16 originals of its FP8 linears freed after the first call: peak memory)",
-                _kopt(dict(passes="auto", regional=True, fp8=Fp8Config(attention=True), release_weights=True)),
-                cfg_pair=True, mutates_model=True, exclusive=True, estimate_full_s=120),
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",
                 lambda m, s: _fp8(m, s, compile_blocks=True), mutates_model=True, cfg_pair=True,
                 estimate_full_s=90, aliases=("fp8",)),
@@ -289,8 +293,8 @@ def all_variants() -> list[Variant]:
 
 DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
 DEFAULT_TINY = tuple(v.name for v in all_variants()
-                     if not v.exclusive and not v.name.startswith(("kopt-no-", "kopt-regional-no-", "kopt-fused"))
-                     and not v.name.endswith("-nopdl"))
+                     if not v.name.startswith(("kopt-no-", "kopt-regional-no-", "kopt-fused"))
+                     and not v.name.endswith(("-nopdl", "-keep-weights")))
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
@@ -314,9 +318,4 @@ def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
     if whole_model and "torch.compile-full" not in chosen:
         chosen.append("torch.compile-full")
     ordered = [known[n] for n in chosen]
-    mutating = [v for v in ordered if v.mutates_model]
-    for variant in (v for v in mutating if v.exclusive and len(mutating) > 1):
-        others = [v.name for v in mutating if v is not variant]
-        raise SystemExit(f"{variant.name} leaves the model unusable: run it without {others} "
-                         "(the only model-mutating variant of its process)")
     return [v for v in ordered if not v.mutates_model] + [v for v in ordered if v.mutates_model]
