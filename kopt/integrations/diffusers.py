@@ -43,6 +43,7 @@ from kopt.integrations.text_padding import TextPadding, mask_argument
 from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec
 from kopt.progress import show_progress
+from kopt.release import WeightsReleasedError
 from kopt.report import Report
 
 require("diffusers", "diffusers", "diffusers")
@@ -64,8 +65,8 @@ class _CompiledCall:
     progress on the first call and kopt's own errors raised as themselves."""
 
     def __init__(self, function: Any, backend: KoptBackend, dynamic: bool | None,
-                 padding: TextPadding | None) -> None:
-        self.backend, self.padding = backend, padding
+                 padding: TextPadding | None, release_weights: bool = False) -> None:
+        self.backend, self.padding, self.release_pending = backend, padding, release_weights
         self.compiled = torch.compile(function, backend=backend, dynamic=dynamic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -73,14 +74,19 @@ class _CompiledCall:
             kwargs = self.padding(kwargs)
         try:
             if self.backend.report.graphs:
-                return self.compiled(*args, **kwargs)
-            with show_progress(self.backend.options.progress):
-                return self.compiled(*args, **kwargs)
+                out = self.compiled(*args, **kwargs)
+            else:
+                with show_progress(self.backend.options.progress):
+                    out = self.compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             inner = getattr(error, "inner_exception", None)
-            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError)):
+            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
                 raise inner from None
             raise
+        if self.release_pending:  # the first call compiled the graphs: free the weights none reads
+            self.release_pending = False
+            self.backend.release_unread_weights()
+        return out
 
 
 @dataclasses.dataclass
@@ -145,7 +151,8 @@ class PipelineOptimization:
 
 
 def _install(pipeline: Any, component: str, passes: PassSpec, fp8: Fp8Config | bool | None,
-             text_bucket: int | None, dynamic: bool | None, options: dict[str, Any]) -> _Installed:
+             text_bucket: int | None, dynamic: bool | None, release_weights: bool,
+             options: dict[str, Any]) -> _Installed:
     name, _, method = component.partition(".")
     module = getattr(pipeline, name, None)
     if not isinstance(module, torch.nn.Module):
@@ -164,7 +171,7 @@ def _install(pipeline: Any, component: str, passes: PassSpec, fp8: Fp8Config | b
         backend.argument_names = _positional_names(module.forward)
         mask = mask_argument(module)
         padding = TextPadding(mask, text_bucket) if mask is not None and text_bucket else None
-    call = _CompiledCall(function, backend, dynamic, padding)
+    call = _CompiledCall(function, backend, dynamic, padding, release_weights)
     if method:
         module.__dict__[method] = call
     else:
@@ -174,7 +181,7 @@ def _install(pipeline: Any, component: str, passes: PassSpec, fp8: Fp8Config | b
 
 def optimize_pipeline(pipeline: Any, passes: PassSpec = "auto", *, fp8: Fp8Config | bool | None = None,
                       components: Sequence[str] = ("transformer",), text_bucket: int | None = 64,
-                      dynamic: bool | None = False, **options: Any) -> Any:
+                      dynamic: bool | None = False, release_weights: bool = False, **options: Any) -> Any:
     """Compile ``pipeline``'s transformer (or ``components``) with kopt, in place; returns the pipeline.
 
     Args:
@@ -186,6 +193,11 @@ def optimize_pipeline(pipeline: Any, passes: PassSpec = "auto", *, fp8: Fp8Confi
             multiple of this many tokens so both halves of a CFG pair, and prompts of nearby lengths,
             run one graph and share the step-invariant memo; None keeps the pipeline's shapes.
         dynamic: passed to ``torch.compile``.
+        release_weights: after each component's first call, free the weights its compiled graphs do
+            not read (with ``fp8``: the bf16 originals), as :func:`kopt.compile`'s option. Off by
+            default here, unlike ``kopt.compile`` with ``fp8``: a pipeline compiles again for each
+            new text-length bucket or resolution, which a released module cannot (it raises
+            :class:`kopt.WeightsReleasedError`); turn it on for a fixed shape to save the memory.
         options: the other keyword arguments of :func:`kopt.compile` (``lower``, ``verify``,
             ``strict``, ``memo_entries``, ``cuda_graphs``, ``progress``, ...).
 
@@ -202,7 +214,8 @@ def optimize_pipeline(pipeline: Any, passes: PassSpec = "auto", *, fp8: Fp8Confi
     installed: list[_Installed] = []
     try:
         for component in components:
-            installed.append(_install(pipeline, component, passes, fp8, text_bucket, dynamic, options))
+            installed.append(_install(pipeline, component, passes, fp8, text_bucket, dynamic, release_weights,
+                                      options))
     except Exception:
         PipelineOptimization(pipeline, installed).restore()
         raise

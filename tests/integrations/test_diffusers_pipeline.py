@@ -147,3 +147,25 @@ def test_bad_component_and_double_optimization_are_clear_errors():
         kopt.optimize_pipeline(pipe)
     kopt.restore_pipeline(pipe)
     assert pipe.transformer._compiled_call_impl is None
+
+
+def test_release_weights_frees_the_fp8_originals_after_the_first_call_and_keeps_the_image():
+    """``release_weights=True`` (off by default for pipelines, which compile again per text bucket):
+    after the first denoising call the transformer's bf16 weights behind FP8 copies are freed, and
+    the image stays what the unreleased FP8 pipeline makes, close to the float64 pipeline's."""
+    from kopt.fp8 import Fp8Config
+    from kopt.release import is_released
+
+    pipe = tiny_flux_pipeline(seed=0)
+    latents = torch.randn(1, (SIZE // 4) ** 2, 16, generator=torch.Generator().manual_seed(12))
+    reference = _run(copy.deepcopy(pipe).to(torch.float64), "flux", latents)
+    keep = copy.deepcopy(pipe)
+    fp8 = Fp8Config(min_features=16)
+    kopt.optimize_pipeline(keep, fp8=fp8, lower="eager")
+    kopt.optimize_pipeline(pipe, fp8=fp8, lower="eager", release_weights=True)
+    kept, released_image = _run(keep, "flux", latents), _run(pipe, "flux", latents)
+    assert not any(is_released(p) for p in keep.transformer.parameters())
+    assert pipe.kopt.reports["transformer"].released_bytes > 0
+    assert any(is_released(p) for p in pipe.transformer.parameters())
+    assert torch.equal(released_image, kept)
+    assert rel_err(released_image, reference) < 0.1  # FP8-sized, never garbage
