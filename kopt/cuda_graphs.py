@@ -27,6 +27,8 @@ new values copied in computes what calling it would. What could go wrong, and ho
 * a new signature records a new graph, up to ``max_graphs``; beyond that, or for inputs that are
   not all CUDA tensors, or with autograd recording, the callable runs normally (and says why in
   :attr:`CudaGraphStats.skipped`);
+* a Python number sent to the GPU (``torch.as_tensor(n, device="cuda")``, a pageable copy that
+  capture refuses) is recorded as a fill kernel of the same value (:mod:`kopt.host_scalars`);
 * a recording that fails (an op that cannot be captured), or whose first replay does not compute
   what the plain call computed on the same inputs (:func:`replay_mismatch`), disables graphs for
   the runner, runs normally, and the reason is kept in :attr:`CudaGraphStats.disabled`.
@@ -42,6 +44,8 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
+
+from kopt.host_scalars import host_scalars_as_fills
 
 
 def capturing() -> bool:
@@ -186,7 +190,7 @@ class CudaGraphRunner:
             expected = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool), host_scalars_as_fills():  # kopt.host_scalars
             outputs = self.fn(*inputs)
         leaves, _ = tree_flatten(outputs)
         opaque = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, _COPYABLE)]

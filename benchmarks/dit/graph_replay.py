@@ -9,8 +9,9 @@ outputs cloned — with kopt's own :class:`~kopt.forward_replay.ForwardReplay`, 
 
 Tensor arguments are copied into the recorded buffers each call; every other argument
 (``return_dict=False``, Qwen-Image's ``img_shapes`` lists) is a fixed part of the call, so each
-distinct set of them gets a recording of its own. When a forward cannot
-be captured (an op that syncs with the host or copies a host value to the GPU), the runner runs it
+distinct set of them gets a recording of its own (a Python number sent to the GPU, as Qwen-Image's
+forward sends its text length, is recorded as a fill: :mod:`kopt.host_scalars`). When a forward
+cannot be captured (an op that syncs with the host, a host tensor copied in), the runner runs it
 kernel by kernel and :meth:`ReplayedForward.status` says why: such a row's timed median is not a
 replay time, and the summary uses its summed kernel time as the best its replay could do.
 """
