@@ -154,16 +154,16 @@ def store_fp8_rows(y, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM: tl.
 
 @triton.jit
 def gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask, stride_gate_b, N, eps,
-                        IS_RMS: tl.constexpr):
-    """``r + gate * y`` for a tile, rounded to the residual dtype and stored (the residual stream eager
-    keeps), and the LayerNorm (RMSNorm with ``IS_RMS``) of that rounded value (what eager's next norm
-    reads), in float32."""
+                        IS_RMS: tl.constexpr, HAS_GATE: tl.constexpr):
+    """``r + gate * y`` (``r + y`` without ``HAS_GATE``: ``gate_ptr`` is never read) for a tile, rounded
+    to the residual dtype and stored (the residual stream eager keeps), and the LayerNorm (RMSNorm with
+    ``IS_RMS``) of that rounded value (what eager's next norm reads), in float32."""
     r = tl.load(r_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    g = load_modulation(gate_ptr, stride_gate_b, batch, cols, mod_mask)
-    r_new = (r + g * y).to(r_out_ptr.dtype.element_ty)
+    if HAS_GATE:
+        y = y * load_modulation(gate_ptr, stride_gate_b, batch, cols, mod_mask)
+    r_new = (r + y).to(r_out_ptr.dtype.element_ty)
     tl.store(r_out_ptr + offsets, r_new, mask=mask)
     if IS_RMS:
         return rms_norm_rows(r_new.to(tl.float32), N, eps)
     return layer_norm_rows(r_new.to(tl.float32), mask, N, eps)
-

@@ -2,9 +2,10 @@
 
 Inputs: residual ``r`` and branch output ``y``, both (B, S, N) bf16/fp16/fp32 of one dtype, or a
 float32 residual stream ``r`` with a bf16/fp16 ``y`` (the ``residual-fp32`` pass);
-``gate``, ``scale`` and ``shift`` of shape (B, N) or (B, 1, N), broadcast over S. Computes::
+``gate``, ``scale`` and ``shift`` of shape (B, N) or (B, 1, N), broadcast over S; ``gate`` may be
+None (a plain residual add). Computes::
 
-    r_new = r + gate * y                                   # rounded to r.dtype
+    r_new = r + gate * y          (r + y without a gate)   # rounded to r.dtype
     m     = norm(r_new) * (1 + scale) + shift              # y.dtype
     norm  = LayerNorm without affine, or RMSNorm without weight with ``rms`` (LTX-Video's form)
 
@@ -13,11 +14,15 @@ then ``img_norm2`` + ``_modulate``) and FLUX.2 (``hidden_states + gate_msa * att
 ``norm2`` + ``(1 + scale_mlp) * norm + shift_mlp``). Arithmetic is float32. ``r_new`` is rounded to
 ``r.dtype`` *before* it is normalized, as eager does when it stores the residual, so ``m`` is
 consistent with the residual stream that the next block reads; ``m`` is rounded once to ``r.dtype``.
+Without a gate (LTX-Video's ``hidden_states + attn_output`` of the cross-attention before ``norm2``)
+the kernel is compiled with ``HAS_GATE=False``: no gate is loaded or multiplied (``1 * y`` would be
+exact, but a tensor of ones would cost a graph node and a load per program for nothing).
 
 Bytes moved (the memory floor), ``e`` bytes per element of r/y and ``m`` of gate/scale/shift:
-read ``2*B*S*N*e + 3*B*N*m``, write ``2*B*S*N*e``. For bf16: ``8*B*S*N + 6*B*N`` bytes; at the
-production shape (1, 4096, 3072) that is 100.7 MB, about 21 us at 4.8 TB/s (H200). Unfused, the same
-work reads/writes r_new twice more (the add's write, the norm's read) plus the modulation round trip.
+read ``2*B*S*N*e + 3*B*N*m`` (``2*B*N*m`` without a gate), write ``2*B*S*N*e``. For bf16:
+``8*B*S*N + 6*B*N`` bytes; at the production shape (1, 4096, 3072) that is 100.7 MB, about 21 us at
+4.8 TB/s (H200). Unfused, the same work reads/writes r_new twice more (the add's write, the norm's
+read) plus the modulation round trip.
 """
 
 from __future__ import annotations
@@ -50,19 +55,19 @@ _BRANCH_DTYPES = {torch.float16: (torch.float16,), torch.bfloat16: (torch.bfloat
 def reference(
     r: torch.Tensor,
     y: torch.Tensor,
-    gate: torch.Tensor,
+    gate: torch.Tensor | None,
     scale: torch.Tensor,
     shift: torch.Tensor,
     eps: float = 1e-6,
     rms: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager spec: float32 gated add (rounded to r.dtype), float32 LayerNorm (RMSNorm with ``rms``) +
-    modulation (to y.dtype)."""
+    """Eager spec: float32 gated add (a plain add when ``gate`` is None; rounded to r.dtype), float32
+    LayerNorm (RMSNorm with ``rms``) + modulation (to y.dtype)."""
     b, n = r.shape[0], r.shape[-1]
-    gate_f = gate.float().reshape(b, 1, n)
     scale_f = scale.float().reshape(b, 1, n)
     shift_f = shift.float().reshape(b, 1, n)
-    r_new = (r.float() + gate_f * y.float()).to(r.dtype)
+    branch = y.float() if gate is None else gate.float().reshape(b, 1, n) * y.float()
+    r_new = (r.float() + branch).to(r.dtype)
     wide = r_new.float()
     normed = (wide * torch.rsqrt(wide.square().mean(-1, keepdim=True) + eps) if rms
               else torch.nn.functional.layer_norm(wide, (n,), eps=eps))
@@ -88,6 +93,7 @@ def _gated_residual_kernel(
     stride_shift_b,
     eps,
     IS_RMS: tl.constexpr,
+    HAS_GATE: tl.constexpr,
     ONE_BATCH: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -97,7 +103,7 @@ def _gated_residual_kernel(
     # One program per ROWS_PER_PROGRAM rows of the flattened (B*S, N) inputs; per-row reductions on axis 1.
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
-                                 stride_gate_b, N, eps, IS_RMS)
+                                 stride_gate_b, N, eps, IS_RMS, HAS_GATE)
     m = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
     tl.store(m_out_ptr + offsets, m.to(m_out_ptr.dtype.element_ty), mask=mask)
 
@@ -122,7 +128,7 @@ def _check_out(t: torch.Tensor | None, name: str, like: torch.Tensor) -> torch.T
 def launch(
     r: torch.Tensor,
     y: torch.Tensor,
-    gate: torch.Tensor,
+    gate: torch.Tensor | None,
     scale: torch.Tensor,
     shift: torch.Tensor,
     eps: float = 1e-6,
@@ -132,7 +138,7 @@ def launch(
     rms: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the Triton kernel; returns ``(r_new, m)`` (``out`` when given, else fresh contiguous);
-    ``rms`` normalizes with RMSNorm instead of LayerNorm.
+    ``rms`` normalizes with RMSNorm instead of LayerNorm; ``gate=None`` adds ``y`` ungated.
 
     ``config`` forces a launch config (one of ``candidates``); by default the autotuner picks it."""
     if r.dim() != 3:
@@ -145,11 +151,11 @@ def launch(
     b, s, n = r.shape
     r = r.contiguous()
     y = y.contiguous()
-    gate = modulation_rows(gate, "gate", "gated_residual", b, n)
+    gate = None if gate is None else modulation_rows(gate, "gate", "gated_residual", b, n)
     scale = modulation_rows(scale, "scale", "gated_residual", b, n)
     shift = modulation_rows(shift, "shift", "gated_residual", b, n)
     for name, t in (("y", y), ("gate", gate), ("scale", scale), ("shift", shift)):
-        if t.device != r.device:
+        if t is not None and t.device != r.device:
             raise ValueError(f"gated_residual: {name} is on {t.device}, r on {r.device}")
     r_out = _check_out(out[0] if out is not None else None, "out[0]", r)
     m_out = _check_out(out[1] if out is not None else None, "out[1]", y)
@@ -162,7 +168,7 @@ def launch(
         _gated_residual_kernel[grid](
             r,
             y,
-            gate,
+            scale if gate is None else gate,  # never read without a gate
             scale,
             shift,
             dst_r,
@@ -170,18 +176,19 @@ def launch(
             n_rows,
             s,
             n,
-            gate.stride(0),
+            0 if gate is None else gate.stride(0),
             scale.stride(0),
             shift.stride(0),
             float(eps),
             IS_RMS=bool(rms),
+            HAS_GATE=gate is not None,
             ONE_BATCH=one_batch(b, s, cfg),
             **cfg, **launch_options(r.device)
         )
 
     rows = pow2_bucket(n_rows)
     key = shape_key(n=n, rows=rows, dtype=r.dtype, **({} if y.dtype == r.dtype else {"y": y.dtype}),
-                    **({"rms": 1} if rms else {}))
+                    **({"rms": 1} if rms else {}), **({} if gate is not None else {"gate": 0}))
     _autotune.launch_tuned("gated_residual", key, candidates(n, rows), run, (r_out, m_out), r.device, config)
     return r_out, m_out
 
@@ -191,14 +198,14 @@ def launch(
 def gated_residual(
     r: torch.Tensor,
     y: torch.Tensor,
-    gate: torch.Tensor,
+    gate: torch.Tensor | None,
     scale: torch.Tensor,
     shift: torch.Tensor,
     eps: float = 1e-6,
     rms: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r + gate*y, norm(r + gate*y) * (1 + scale) + shift)``, norm a LayerNorm or (``rms``) an
-    RMSNorm; Triton on CUDA, else reference."""
+    """``(r + gate*y, norm(r + gate*y) * (1 + scale) + shift)`` (``r + y`` when ``gate`` is None), norm
+    a LayerNorm or (``rms``) an RMSNorm; Triton on CUDA, else reference."""
     if r.is_cuda:
         return launch(r, y, gate, scale, shift, eps, rms=rms)
     r_new, m = reference(r, y, gate, scale, shift, eps, rms)

@@ -1,12 +1,12 @@
 """Gated residual + LayerNorm + adaLN modulation that emits the modulated value in FP8.
 
-    r_new = r + gate * y                                   # bf16, the residual stream (written)
+    r_new = r + gate * y      (r + y without a gate)       # bf16, the residual stream (written)
     q, s  = quantize_rows(layernorm(r_new) * (1 + scale) + shift)   # FP8 + one scale per row
 
 The seam between a DiT block's attention and its MLP (:mod:`gated_residual`) when the MLP's up
 projection is an FP8 GEMM: the bf16 modulated value would exist only to be quantized. The row
 kernel holds the whole row, so it rounds the modulated value to r.dtype as the bf16 op does, takes
-the row amax and writes FP8 directly.
+the row amax and writes FP8 directly. ``gate=None`` compiles it with ``HAS_GATE=False``, as the bf16 op.
 
 Same spec as ``gated_residual.reference`` followed by :func:`kopt.fp8.quantize.quantize` (ROW) of
 ``m``. Bytes moved (memory floor), bf16 at (1, 4096, 3072): read 50.3 MB (r, y), write 25.2 MB
@@ -39,7 +39,7 @@ from kopt.kernels._rows import (
 __all__ = ["gated_residual_quant", "launch", "reference"]
 
 
-def reference(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+def reference(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor,
               eps: float = 1e-6, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager spec: ``(r_new, q, s)`` with ``q, s`` the row-wise FP8 of the bf16 spec's ``m`` ((B*S, N))."""
     r_new, m = _bf16.reference(r, y, gate, scale, shift, eps, rms)
@@ -50,28 +50,28 @@ def reference(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch
 @triton.jit
 def _gated_residual_quant_kernel(r_ptr, y_ptr, gate_ptr, scale_ptr, shift_ptr, r_out_ptr, q_ptr, s_ptr, n_rows, S,
                                  N, stride_gate_b, stride_scale_b, stride_shift_b, eps, IS_RMS: tl.constexpr,
-                                 ONE_BATCH: tl.constexpr,
+                                 HAS_GATE: tl.constexpr, ONE_BATCH: tl.constexpr,
                                  ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     begin(PDL)
     offsets, mask, cols, batch, mod_mask = row_tile(S, N, n_rows, ROWS_PER_PROGRAM, BLOCK_N, ONE_BATCH)
     normed = gated_residual_rows(r_ptr, y_ptr, gate_ptr, r_out_ptr, offsets, mask, cols, batch, mod_mask,
-                                 stride_gate_b, N, eps, IS_RMS)
+                                 stride_gate_b, N, eps, IS_RMS, HAS_GATE)
     m = modulate_rows(normed, scale_ptr, stride_scale_b, shift_ptr, stride_shift_b, batch, cols, mod_mask)
     m = m.to(r_out_ptr.dtype.element_ty).to(tl.float32)  # the bf16 op's m
     store_fp8_rows(m, mask, q_ptr, s_ptr, offsets, n_rows, ROWS_PER_PROGRAM)
 
 
-def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor,
            eps: float = 1e-6, *, config: Config | None = None,
            rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the kernel: (r_new (B, S, N), q (B*S, N) float8_e4m3fn, scales (B*S, 1) float32); ``rms``
-    normalizes with RMSNorm instead of LayerNorm."""
+    normalizes with RMSNorm instead of LayerNorm; ``gate=None`` adds ``y`` ungated."""
     if r.dim() != 3 or r.dtype not in DTYPES or y.shape != r.shape or y.dtype != r.dtype:
         raise ValueError(f"gated_residual_quant: r and y must be (B, S, N) float tensors of one dtype, got "
                          f"{r.dtype} {tuple(r.shape)} and {y.dtype} {tuple(y.shape)}")
     b, s, n = r.shape
     r, y = r.contiguous(), y.contiguous()
-    gate = modulation_rows(gate, "gate", "gated_residual_quant", b, n)
+    gate = None if gate is None else modulation_rows(gate, "gate", "gated_residual_quant", b, n)
     scale = modulation_rows(scale, "scale", "gated_residual_quant", b, n)
     shift = modulation_rows(shift, "shift", "gated_residual_quant", b, n)
     n_rows = b * s
@@ -83,22 +83,25 @@ def launch(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Te
 
     def run(cfg: Config, *dst: torch.Tensor) -> None:
         _gated_residual_quant_kernel[(triton.cdiv(n_rows, cfg["ROWS_PER_PROGRAM"]),)](
-            r, y, gate, scale, shift, *dst, n_rows, s, n, gate.stride(0), scale.stride(0), shift.stride(0),
-            float(eps), IS_RMS=bool(rms), ONE_BATCH=one_batch(b, s, cfg), **cfg, **launch_options(r.device))
+            r, y, scale if gate is None else gate, scale, shift, *dst, n_rows, s, n,  # no gate: never read
+            0 if gate is None else gate.stride(0), scale.stride(0), shift.stride(0),
+            float(eps), IS_RMS=bool(rms), HAS_GATE=gate is not None, ONE_BATCH=one_batch(b, s, cfg), **cfg,
+            **launch_options(r.device))
 
     rows = pow2_bucket(n_rows)
-    key = shape_key(n=n, rows=rows, dtype=r.dtype, **({"rms": 1} if rms else {}))
+    key = shape_key(n=n, rows=rows, dtype=r.dtype, **({"rms": 1} if rms else {}),
+                    **({} if gate is not None else {"gate": 0}))
     _autotune.launch_tuned("gated_residual_quant", key, row_candidates(n, rows), run, (r_out, q, scales), r.device,
                            config)
     return r_out, q, scales
 
 
 @torch.library.custom_op("kopt::gated_residual_quant", mutates_args=())
-def gated_residual_quant(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
+def gated_residual_quant(r: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor,
                          shift: torch.Tensor, eps: float = 1e-6,
                          rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(r + gate*y, fp8 rows of norm(r_new)*(1+scale)+shift, their scales)``, norm a LayerNorm or
-    (``rms``) an RMSNorm; Triton on CUDA."""
+    """``(r + gate*y, fp8 rows of norm(r_new)*(1+scale)+shift, their scales)`` (``r + y`` when ``gate``
+    is None), norm a LayerNorm or (``rms``) an RMSNorm; Triton on CUDA."""
     if r.is_cuda:
         return launch(r, y, gate, scale, shift, eps, rms=rms)
     r_new, q, scales = reference(r, y, gate, scale, shift, eps, rms)

@@ -80,10 +80,12 @@ def test_auto_pipeline_per_granularity():
 
 
 @pytest.mark.parametrize("name, matches", [("flux2", {"adaln-quant": 4, "gated-residual-quant": 2}),
-                                           ("qwen-image", {"adaln-quant": 2, "gated-residual-quant": 6})])
+                                           ("qwen-image", {"adaln-quant": 2, "gated-residual-quant": 6}),
+                                           ("ltx-video", {"adaln-quant": 1, "gated-residual-quant": 1})])
 def test_norm_kernels_emit_fp8_when_named_and_change_nothing(name, matches):
     """fuse-adaln + fuse-gated-residual + fuse-adaln-quant under fp8=...: every adaLN and gated residual
-    feeding an FP8 GEMM writes FP8 itself; the output is the unfused FP8 graph's."""
+    feeding an FP8 GEMM writes FP8 itself (LTX-Video's is the ungated cross-attention add before the
+    feed-forward); the output is the unfused FP8 graph's."""
     workload = get_workload(name)
     torch.manual_seed(0)
     model = workload.model("tiny", dtype=torch.bfloat16)

@@ -10,8 +10,8 @@ from kopt.fp8.config import Fp8Config
 from kopt.fx.capture import trace_function
 from kopt.passes.fuse.adaln import FuseAdaLN
 from kopt.passes.fuse.gated_residual import FuseGatedResidual
-from kopt.passes.manager import run_passes
 from kopt.passes.graph.residual_fp32 import ResidualStreamFp32
+from kopt.passes.manager import run_passes
 from kopt.passes.pipeline import default_pipeline, fp8_pipeline
 from kopt.reference import reference_forward
 from tests.conftest import rel_err
@@ -98,6 +98,36 @@ def test_a_single_step_or_an_ungated_add_is_left_alone():
     graph_module = trace_function(one_step, *args)
     records = run_passes(graph_module, [ResidualStreamFp32()], strict=True)
     assert records[0].total_matches == 0
+
+
+def _ltx_like_blocks(r, y, gate, scale, shift):
+    """LTX-Video's stream: a gated self-attention step, an ungated cross-attention add read by norm2 (fused
+    by fuse-gated-residual without a gate) and a gated feed-forward step, twice."""
+    for _ in range(2):
+        r = r + gate[:, None] * y
+        r = r + torch.tanh(r)
+        m = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + scale[:, None]) + shift[:, None]
+        r = r + gate[:, None] * m
+    return r
+
+
+def test_an_ungated_fused_op_is_not_a_step():
+    """The ungated kopt::gated_residual reads a bf16 copy and ends a chain, as the plain add it replaces
+    did: the same steps are widened with and without fuse-gated-residual, and the output stays close
+    to float64."""
+    args = [torch.randn(2, 5, 24, dtype=torch.bfloat16) for _ in range(2)] + \
+           [torch.randn(2, 24, dtype=torch.bfloat16) * 0.5 for _ in range(3)]
+    fused_graph, plain_graph = (trace_function(_ltx_like_blocks, *args) for _ in range(2))
+    fused = run_passes(fused_graph, [FuseAdaLN(), FuseGatedResidual(), ResidualStreamFp32()], strict=True)
+    plain = run_passes(plain_graph, [FuseAdaLN(), ResidualStreamFp32()], strict=True)
+    assert fused[1].matches == {"plain-residual": 2}
+    assert fused[2].matches == plain[1].matches == {"residual-stream": 2}  # the feed-forward step + the next block's
+    ungated = [n for n in fused_graph.graph.nodes if n.target is torch.ops.kopt.gated_residual.default]
+    assert len(ungated) == 2 and all(n.args[2] is None for n in ungated)
+    assert all(n.args[0].meta["val"].dtype == torch.bfloat16 for n in ungated)
+    fresh = [torch.randn_like(a) for a in args]
+    want = _ltx_like_blocks(*(a.double() for a in fresh))
+    assert rel_err(fused_graph(*fresh), want) < 1e-2
 
 
 def test_float32_models_are_left_alone():

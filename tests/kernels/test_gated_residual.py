@@ -194,3 +194,56 @@ def test_rms_norm_form_against_float64(dtype):
         assert rel_err(r_new, want_r) < TOL[dtype] and rel_err(m, want_m) < TOL[dtype]
     layer_norm = mod.reference(r, y, gate, scale, shift, eps=1e-6)[1]
     assert rel_err(layer_norm, want_m) > 10 * TOL[dtype]  # the flag changes what is computed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,s,n,rms", [(2, 5, 96, True), (1, 3, 257, False), (3, 7, 130, True)])
+def test_without_a_gate_against_float64(b, s, n, rms, dtype):
+    """``gate=None`` (HAS_GATE=False, LTX-Video's cross-attention add): ``r + y`` rounded to r's dtype,
+    then the norm and modulation, under every launch config (rows of two batches in one program too);
+    launch and spec judged against float64, and distinct from any gated result."""
+    r, y, gate, scale, shift = _inputs(b, s, n, dtype, zlib.crc32(repr((b, s, n, rms, dtype)).encode()))
+    wide = [t.double() for t in (r, y, scale, shift)]
+    want_r = (wide[0] + wide[1]).to(dtype).double()  # the stored residual is rounded
+    normed = (want_r * torch.rsqrt(want_r.square().mean(-1, keepdim=True) + 1e-6) if rms
+              else torch.nn.functional.layer_norm(want_r, (n,), eps=1e-6))
+    want_m = normed * (1 + wide[2][:, None]) + wide[3][:, None]
+    runs = [mod.launch(r, y, None, scale, shift, eps=1e-6, rms=rms, config=c) for c in mod.candidates(n, b * s)]
+    for r_new, m in [*runs, mod.reference(r, y, None, scale, shift, eps=1e-6, rms=rms)]:
+        assert r_new.dtype == m.dtype == dtype
+        assert rel_err(r_new, want_r) < TOL[dtype] and rel_err(m, want_m) < TOL[dtype]
+    gated = mod.reference(r, y, gate, scale, shift, eps=1e-6, rms=rms)
+    assert rel_err(runs[0][0], gated[0]) > 0.1 and rel_err(runs[0][1], gated[1]) > 0.1
+
+
+def test_without_a_gate_poisoned_outputs_are_fully_written():
+    r, y, _gate, scale, shift = _inputs(2, 3, 257, torch.bfloat16, 33)
+    out = (torch.full_like(r, float("nan")), torch.full_like(r, float("nan")))
+    mod.launch(r, y, None, scale, shift, out=out)
+    assert not torch.isnan(out[0]).any() and not torch.isnan(out[1]).any()
+    _check(out, mod.reference(r, y, None, scale, shift), torch.bfloat16)
+
+
+def test_op_without_a_gate_on_cpu_under_fake_tensors_and_compile():
+    """The schema takes ``Tensor? gate``: the op, its fake implementation and a fullgraph compile accept None."""
+    r, y, _gate, scale, shift = _inputs(2, 5, 96, torch.bfloat16, 53)
+    r_new, m = torch.ops.kopt.gated_residual(r, y, None, scale, shift, 1e-6, True)
+    ref_r, ref_m = mod.reference(r, y, None, scale, shift, 1e-6, True)
+    assert torch.equal(r_new, ref_r) and torch.equal(m, ref_m)
+    with FakeTensorMode() as fake_mode:
+        fakes = [fake_mode.from_tensor(t) for t in (r, y, scale, shift)]
+        outs = torch.ops.kopt.gated_residual(fakes[0], fakes[1], None, fakes[2], fakes[3], 1e-6)
+    assert [tuple(o.shape) for o in outs] == [(2, 5, 96)] * 2
+    compiled = torch.compile(lambda *a: torch.ops.kopt.gated_residual(a[0], a[1], None, *a[2:], 1e-6, True),
+                             backend="eager", fullgraph=True)
+    for got, want in zip(compiled(r, y, scale, shift), (ref_r, ref_m), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_without_a_gate_ltx_shape():
+    r, y, _gate, scale, shift = _inputs(2, 6930, 2048, torch.bfloat16, 91, device="cuda")
+    refs = mod.reference(r, y, None, scale, shift, rms=True)
+    _check(mod.launch(r, y, None, scale, shift, rms=True), refs, torch.bfloat16)
+    _check(torch.ops.kopt.gated_residual(r, y, None, scale, shift, 1e-6, True), refs, torch.bfloat16)

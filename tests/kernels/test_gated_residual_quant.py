@@ -60,3 +60,16 @@ def test_rms_norm_form_under_every_launch_config():
         r_new, q, scales = mod.launch(*args, config=config, rms=True)
         assert rel_err(r_new, r_ref) < 1e-2
         assert_fp8_matches(q, scales, q_ref, s_ref, exact=False)
+
+
+def test_without_a_gate_under_every_launch_config():
+    """``gate=None`` (HAS_GATE=False): ``r + y``, then the FP8 rows of the modulated RMSNorm, as the spec."""
+    r, y, _gate, scale, shift = _inputs(2, 5, 40, torch.bfloat16, seed=24)
+    r_ref, q_ref, s_ref = mod.reference(r, y, None, scale, shift, rms=True)
+    assert rel_err(r_ref, r.double() + y.double()) < 1e-2
+    for config in row_candidates(40, 16):
+        r_new, q, scales = mod.launch(r, y, None, scale, shift, config=config, rms=True)
+        assert rel_err(r_new, r_ref) < 1e-2
+        assert_fp8_matches(q, scales, q_ref, s_ref, exact=False)
+    r_op, q_op, s_op = torch.ops.kopt.gated_residual_quant(r, y, None, scale, shift, 1e-6, True)
+    assert torch.equal(r_op, r_ref) and torch.equal(q_op.float(), q_ref.float()) and torch.equal(s_op, s_ref)

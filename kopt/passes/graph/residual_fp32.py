@@ -15,6 +15,11 @@ gated residual add ``add(r, mul(gate, y))`` with ``gate`` shaped (B, 1, N) or (B
 (B, S, N) in bf16/fp16, or a ``kopt::gated_residual`` (``fuse-gated-residual``'s op), linked
 through their residual operand, also across ``cat`` and ``slice`` of stream values (FLUX's joint
 stream of the single blocks); a chain needs two steps or more (one step alone would round at once).
+A plain ``r + y``, or a ``kopt::gated_residual`` without a gate (``fuse-gated-residual`` fuses LTX-Video's
+ungated cross-attention add), is not a step: it reads a bf16 copy and ends the chain, as before that
+fusion existed. Widening it too would be as valid (the same sum, rounded less) but would carry the
+stream in float32 through every LTX-Video block: 2 more bytes per element for the ungated op's read
+and write and for the next step's read, a trade not measured yet.
 
 Cost: the stream is read and written in 4 bytes instead of 2 by the steps. Runs after
 ``fuse-gated-residual`` (whose ops it widens) and before ``staging``. Contract: tolerance (judged
@@ -56,9 +61,10 @@ def gated_add(node: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def _fused_output(node: torch.fx.Node) -> torch.fx.Node | None:
-    """``getitem(op, 0)`` of a ``kopt::gated_residual`` on a narrow stream (a step), or None."""
+    """``getitem(op, 0)`` of a gated ``kopt::gated_residual`` on a narrow stream (a step), or None."""
     op = node.args[0] if node.target is operator.getitem and node.args[1] == 0 else None
-    if not (isinstance(op, torch.fx.Node) and op.target is torch.ops.kopt.gated_residual.default):
+    if not (isinstance(op, torch.fx.Node) and op.target is torch.ops.kopt.gated_residual.default
+            and op.args[2] is not None):  # ungated: a plain add, not a step (see the module docstring)
         return None
     return node if _stream_like(op.args[0]) and _stream_like(op.args[1]) else None
 
