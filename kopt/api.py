@@ -16,14 +16,13 @@ import torch
 from kopt.backend import KoptBackend, make_backend
 from kopt.config import Lowering, Role, WeightChange, WeightCheck
 from kopt.dynamo_cache import compile_isolated
-from kopt.errors import VerificationFailed, WeightsChangedError
+from kopt.errors import kopt_errors_unwrapped
 from kopt.fallback import EagerFallbackWarning, note_eager_call, watching
 from kopt.fp8.config import Fp8Config
-from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec
 from kopt.progress import show_progress
 from kopt.regional import KoptRegional, compile_regional
-from kopt.release import Release, WeightsReleasedError, resolve_release
+from kopt.release import Release, resolve_release
 from kopt.report import Report
 
 log = logging.getLogger("kopt")  # progress at INFO (kopt.progress shows it)
@@ -43,19 +42,13 @@ def _run(backend: KoptBackend, compiled: Callable[..., Any], name: str, args: tu
     """One call of a compiled module or function: progress on the compiling call, kopt's own errors
     unwrapped, and a call that ran no kopt graph counted and warned about (:mod:`kopt.fallback`)."""
     graph_calls, limit_before = backend.graph_calls, backend.report.recompile_limit
-    try:
-        with watching(backend.report):
-            if backend.report.graphs:
+    with kopt_errors_unwrapped(), watching(backend.report):
+        if backend.report.graphs:
+            out = compiled(*args, **kwargs)
+        else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
+            with show_progress(backend.options.progress):
+                log.info("tracing %s with dynamo", name)
                 out = compiled(*args, **kwargs)
-            else:  # the first call compiles: dynamo's tracing, then kopt's steps (kopt.progress)
-                with show_progress(backend.options.progress):
-                    log.info("tracing %s with dynamo", name)
-                    out = compiled(*args, **kwargs)
-    except torch._dynamo.exc.BackendCompilerFailed as error:
-        inner = getattr(error, "inner_exception", None)
-        if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
-            raise inner from None  # kopt's own error, not a compiler crash: show it as such
-        raise
     if backend.graph_calls == graph_calls:
         note_eager_call(backend.report, stacklevel=6)  # the caller of the module
     elif backend.report.recompile_limit != limit_before:

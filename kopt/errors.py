@@ -1,5 +1,13 @@
 """The errors kopt raises from a compiled graph (re-exported by :mod:`kopt`)."""
 
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
 class WeightsChangedError(RuntimeError):
     """Frozen weights changed after compiling and ``on_weight_change=WeightChange.RAISE``."""
 
@@ -10,3 +18,20 @@ class VerificationFailed(RuntimeError):
 
 class LoweringCheckFailed(VerificationFailed):
     """``strict=True``, and the lowered graph failed its numeric check (:mod:`kopt.checks`)."""
+
+
+@contextlib.contextmanager
+def kopt_errors_unwrapped() -> Iterator[None]:
+    """Raise kopt's own errors (a failed pass, verification or weight check, a released weight) as
+    themselves rather than as the ``BackendCompilerFailed`` dynamo wraps a backend's errors in: they
+    are the user's to act on, not a compiler crash."""
+    from kopt.passes.manager import PassFailed  # imports the passes, which import this module
+    from kopt.release import WeightsReleasedError
+
+    try:
+        yield
+    except torch._dynamo.exc.BackendCompilerFailed as error:
+        inner = getattr(error, "inner_exception", None)
+        if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
+            raise inner from None
+        raise

@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from kopt.config import WeightChange
+from kopt.errors import kopt_errors_unwrapped
 from kopt.forward_replay import ForwardReplay
 from kopt.release import Release
 
@@ -100,7 +101,8 @@ class KoptRegional(nn.Module):
                 graph.cuda_graphs.disabled = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._replay(*args, **kwargs) if self._replay is not None else self._orig_mod(*args, **kwargs)
+        with kopt_errors_unwrapped():
+            out = self._replay(*args, **kwargs) if self._replay is not None else self._orig_mod(*args, **kwargs)
         release = self._release_pending
         if release:  # the first call ran every block: each has its graph and derived weights
             self._release_pending = False

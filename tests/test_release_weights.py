@@ -46,9 +46,12 @@ def test_unread_weights_are_freed_and_outputs_do_not_change(fp8):
     assert still_read and not set(still_read) & set(released)
 
 
-def test_a_call_that_needs_a_new_compilation_raises_clearly():
+@pytest.mark.parametrize("regional", [False, True])
+def test_a_call_that_needs_a_new_compilation_raises_clearly(regional):
+    """kopt's own error, not dynamo's BackendCompilerFailed around it (regional blocks included)."""
     _, model, inputs = _model_and_inputs("flux2")
-    free = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", release_weights=True)
+    free = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", release_weights=True,
+                        regional=regional)
     with torch.no_grad():
         free(**inputs)
         free.kopt_refresh()  # forces a recompilation, as a weight change would

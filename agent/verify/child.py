@@ -113,6 +113,10 @@ def _setup(manifest):
             importlib.import_module(name)
         except ImportError:
             notes.append(f"preimport {name}: not installed")
+    if "torch._inductor.compile_fx" in manifest["preimport"]:  # the region as torch.compile lowers it
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1  # compile in the calling thread: no worker pool outlives the call
     torch.set_num_threads(manifest["threads"])
     torch.set_grad_enabled(False)
     (torch.ones(64) @ torch.ones(64)).item()

@@ -66,7 +66,8 @@ def preimports(candidate: Candidate) -> list[str]:
     imports anyway and which changes torch as it loads, so that loading it is not taken for
     tampering. A Triton kernel needs Triton; the region as ``torch.compile`` lowers it
     (``lowered`` in its params) needs Dynamo, which wraps ``torch.manual_seed`` when imported, and
-    Inductor, which generates Triton."""
+    Inductor, which generates Triton (the child then sets Inductor to compile in the calling thread:
+    a compile worker pool's threads would outlive the call, which the child refuses)."""
     if candidate.kind.value == "triton-kernel":
         return ["numpy", "triton", "triton.language"]
     if dict(candidate.params).get("lowered"):

@@ -35,15 +35,14 @@ from typing import Any
 
 import torch
 
-from kopt.backend import KoptBackend, VerificationFailed, WeightsChangedError, make_backend
+from kopt.backend import KoptBackend, make_backend
+from kopt.errors import kopt_errors_unwrapped
 from kopt.fp8.config import Fp8Config
 from kopt.fx.staged_program import MemoStats
 from kopt.integrations import installed_version, require, unsupported_reason
 from kopt.integrations.text_padding import TextPadding, mask_argument
-from kopt.passes.manager import PassFailed
 from kopt.passes.pipeline import PassSpec
 from kopt.progress import show_progress
-from kopt.release import WeightsReleasedError
 from kopt.report import Report
 
 require("diffusers", "diffusers", "diffusers")
@@ -72,17 +71,12 @@ class _CompiledCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.padding is not None:
             kwargs = self.padding(kwargs)
-        try:
+        with kopt_errors_unwrapped():
             if self.backend.report.graphs:
                 out = self.compiled(*args, **kwargs)
             else:
                 with show_progress(self.backend.options.progress):
                     out = self.compiled(*args, **kwargs)
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            inner = getattr(error, "inner_exception", None)
-            if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
-                raise inner from None
-            raise
         if self.release_pending:  # the first call compiled the graphs: free the weights none reads
             self.release_pending = False
             self.backend.release_unread_weights()
