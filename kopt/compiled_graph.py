@@ -143,7 +143,9 @@ class CompiledGraph:
         self._live_weights = [example_inputs[p] for p in binding.live_positions]
         check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
         if binding.sources:
-            self.weights = WeightSets(binding, example_inputs, check, share=options.share_weights)
+            self.weights = WeightSets(binding, example_inputs, check, share=options.share_weights,
+                                      siblings=lambda: [g.weights for g in self.backend.compiled
+                                                        if g.weights is not None and g is not self])
         guard = self.weights.guard if self.weights is not None else None
         self.report.weights = dict(
             live=len(binding.live_positions), derived=len(binding.derived), watched=len(binding.sources),

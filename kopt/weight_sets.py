@@ -12,6 +12,11 @@ per set of parameter *objects* the graph is called with:
 * a write into a parameter (same object, new values or new storage) is a change within the
   current set, seen by its guard and derived again in place.
 
+When a block's weights were freed (``release_weights``) before this graph first ran with them
+(dynamo compiled the block class again, and the newer graph now serves a block the older one
+served), the set takes the derived tensors another graph of the backend made from the same weight
+objects by the same recipe (:meth:`~kopt.fx.weights.WeightBinding.recipe`) instead of computing them.
+
 Valid because a parameter object is one module's weight for its life (``param.data = new`` keeps
 the object). Sets whose parameters were all garbage-collected are dropped when a new set is made,
 so replacing a model's parameters (``load_state_dict(assign=True)``) does not keep the old derived
@@ -22,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from kopt.config import WeightCheck
 from kopt.fx.weights import WeightBinding
+from kopt.release import WeightsReleasedError
 from kopt.weight_guard import WeightGuard
 
 
@@ -37,6 +43,7 @@ class _Set:
     parameters: tuple[weakref.ref, ...]
     derived: list[tuple[str, torch.Tensor]]
     guard: WeightGuard | None
+    recipes: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)  # one per derived tensor
 
     def belongs_to(self, args: Sequence[Any], positions: Sequence[int]) -> bool:
         return all(ref() is args[p] for ref, p in zip(self.parameters, positions, strict=True))
@@ -54,11 +61,13 @@ class WeightSets:
         check: how each set's guard watches its weights; None watches nothing (``on_weight_change="ignore"``).
         share: make each set's module weights views of the merged constants built from them
             (:mod:`kopt.fx.shared_weights`).
+        siblings: the other compiled graphs' weight sets, to take derived tensors from when this
+            set's weights were released (module docstring).
     """
 
     def __init__(self, binding: WeightBinding, args: Sequence[Any], check: WeightCheck | None,
-                 share: bool = True) -> None:
-        self.binding, self.check, self.share = binding, check, share
+                 share: bool = True, siblings: Callable[[], Iterable[WeightSets]] = tuple) -> None:
+        self.binding, self.check, self.share, self.siblings = binding, check, share, siblings
         self._sets: dict[tuple[int, ...], _Set] = {}
         self._key = self._add(args, binding.derived)
 
@@ -111,10 +120,33 @@ class WeightSets:
         entry = self._sets.get(key)
         if entry is None or not entry.belongs_to(args, self.binding.sources):  # ids are reused after collection
             self._sets = {k: s for k, s in self._sets.items() if s.alive()}
-            key = self._add(args, self.binding.fresh(args))
+            key = self._add(args, self._derive(args))
         self._key = key
         self.binding.derived = self._sets[key].derived
         return True
+
+    def _derive(self, args: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
+        """The derived tensors of ``args``' weights: computed, or, when those were released, taken
+        from a sibling graph's set with the same recipes (else the release error stands)."""
+        try:
+            return self.binding.fresh(args)
+        except WeightsReleasedError:
+            wanted = [self.binding.recipe(name, args) for name, _ in self.binding.derived]
+            for sibling in self.siblings():
+                found = sibling.derived_by_recipe(wanted)
+                if found is not None:
+                    return [(name, tensor) for (name, _), tensor in zip(self.binding.derived, found, strict=True)]
+            raise
+
+    def derived_by_recipe(self, recipes: Sequence[tuple[Any, ...]]) -> list[torch.Tensor] | None:
+        """The derived tensors one live set holds for exactly these recipes, in their order; None if no set does."""
+        for entry in self._sets.values():
+            if not entry.alive():
+                continue
+            by_recipe = dict(zip(entry.recipes, (t for _, t in entry.derived), strict=True))
+            if all(r in by_recipe for r in recipes):
+                return [by_recipe[r] for r in recipes]
+        return None
 
     def _add(self, args: Sequence[Any], derived: list[tuple[str, torch.Tensor]]) -> tuple[int, ...]:
         key = tuple(id(args[p]) for p in self.binding.sources)
@@ -123,5 +155,6 @@ class WeightSets:
         guard = None
         if self.check is not None:
             guard = WeightGuard(self.binding.sources, self.check, args, self.binding.aliased(args, derived))
-        self._sets[key] = _Set(tuple(weakref.ref(args[p]) for p in self.binding.sources), derived, guard)
+        recipes = [self.binding.recipe(name, args) for name, _ in derived]
+        self._sets[key] = _Set(tuple(weakref.ref(args[p]) for p in self.binding.sources), derived, guard, recipes)
         return key

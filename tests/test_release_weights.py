@@ -128,3 +128,51 @@ def test_regional_compilation_frees_every_blocks_quantized_weights():
     assert free.kopt_report.released_bytes > 0
     still_read = [name for name, _ in model.named_parameters() if ".norm_q." in name or ".norm_k." in name]
     assert still_read and not set(still_read) & released
+
+
+class _SlicingBlock(torch.nn.Module):
+    """FLUX.1's single-stream form: text and image joined, then returned as slices of one tensor, so
+    that the second block is called with views of other strides and dynamo compiles the class again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.out = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = c.shape[1]
+        h = torch.cat([c, x], dim=1)
+        h = h + self.out(torch.nn.functional.gelu(self.proj(h)))
+        return h[:, :n], h[:, n:]
+
+
+class _Slicing(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_SlicingBlock() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            c, x = block(x, c)
+        return x
+
+
+def test_a_block_class_compiled_twice_serves_released_blocks_from_the_other_graphs_weights():
+    """After the release, the newer graph of a block class is called with a block the older graph
+    served: it takes that block's FP8 weights from the older graph (same weights, same recipe) instead
+    of failing to quantize freed weights (FLUX.1 on the H200, s18b), and computes what keeping does."""
+    torch.manual_seed(0)
+    model = _Slicing().to(torch.bfloat16)
+    x, c = torch.randn(1, 24, 32, dtype=torch.bfloat16), torch.randn(1, 8, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        exact = reference_forward(model, x, c)
+    fp8 = Fp8Config(min_features=16)
+    keep = kopt.compile(copy.deepcopy(model), fp8=fp8, lower="eager", regional=True, release_weights=False)
+    free = kopt.compile(model, fp8=fp8, lower="eager", regional=True, release_weights=True)
+    with torch.no_grad():
+        for _ in range(3):
+            out = free(x, c)
+            assert torch.equal(out, keep(x, c))
+            assert rel_err(out, exact) < 0.1
+    assert len(free.kopt_report.graphs) == 2  # the class was compiled twice
+    released = {name for name, p in model.named_parameters() if is_released(p)}
+    assert {f"blocks.{i}.{layer}.weight" for i in range(3) for layer in ("proj", "out")} <= released

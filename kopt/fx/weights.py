@@ -23,6 +23,7 @@ every module weight becomes a source, and a change rebuilds the graph (``rebuild
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -95,6 +96,21 @@ class WeightBinding:
         return aliased(self.derived if derived is None else derived, self._records, self._weights, self._depends,
                        self.stage_reads, args)
 
+    def recipe(self, name: str, args: Sequence[Any]) -> tuple[Any, ...]:
+        """What derived constant ``name`` is, whichever graph made it: its computation, its shape and
+        dtype, and down to the module weights (by object) what it reads. Two graphs of one block (a
+        recompilation) give equal recipes for constants made the same way from the same weights."""
+        if name in self._weights:
+            return ("weight", id(args[self._weights[name]]))
+        if name in self._fixed:
+            value = self._fixed[name]  # traced from the forward: the same in every graph of the block
+            return ("fixed", tuple(value.shape), value.dtype, float(value.detach().double().sum()))
+        record = self._records[name]
+        tensor = dict(self.derived).get(name)
+        like = (tuple(tensor.shape), tensor.dtype) if tensor is not None else ()
+        return ("derived", _describe(record.compute), record.output, like,
+                tuple(self.recipe(source, args) for source in record.sources))
+
     def rederive(self, args: Sequence[Any], changed: Sequence[int] | None = None) -> int:
         """Compute again, in place, each derived constant that depends on a ``changed`` weight
         (all of them for None); returns how many were refreshed."""
@@ -141,6 +157,13 @@ class WeightBinding:
 
         with torch.no_grad():
             return {name: value(name) for name in names}
+
+
+def _describe(compute: Any) -> tuple[Any, ...]:
+    """A computation by what it runs: a function by module and name, a partial with its arguments."""
+    if isinstance(compute, functools.partial):
+        return (_describe(compute.func), repr(compute.args), repr(sorted(compute.keywords.items())))
+    return (getattr(compute, "__module__", None), getattr(compute, "__qualname__", type(compute).__qualname__))
 
 
 def _dependencies(records: dict[str, Derivation], weights: dict[str, int]) -> dict[str, frozenset[int]]:
