@@ -103,6 +103,9 @@ class KoptBackend:
         # instead), and how many signatures one graph may record (one per block when they do not wait)
         self.graphs_held_back: str | None = None
         self.max_graphs = 4
+        # regional with release_weights: free each block's weights as soon as its derived ones exist
+        # (False: not before the first call ends; True or device types: as release_unread_weights takes)
+        self.release_early: bool | tuple[str, ...] = False
         self._breaks_before = _graph_breaks()
 
     def dispose(self) -> None:
@@ -111,6 +114,13 @@ class KoptBackend:
         for graph in self.compiled:
             graph.dispose()
         self.compiled.clear()
+
+    def read_storages(self) -> set[int]:
+        """Storages of every weight some compiled graph reads (:meth:`CompiledGraph.read_storages`)."""
+        live: set[int] = set()
+        for graph in self.compiled:
+            live |= graph.read_storages()
+        return live
 
     def release_unread_weights(self, devices: Sequence[str] | None = None) -> int:
         """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`), only on

@@ -41,7 +41,7 @@ from kopt.passes.base import Contract, ContractKind
 from kopt.passes.graph.staging import HOIST_KEY
 from kopt.passes.manager import run_passes
 from kopt.progress import first_call_shows_progress, show_progress
-from kopt.release import WeightsReleasedError, check_not_released, read_storages
+from kopt.release import WeightsReleasedError, check_not_released, read_storages, release_unread_weights
 from kopt.report import GraphReport
 from kopt.verify import compare
 from kopt.weight_sets import WeightSets
@@ -328,6 +328,23 @@ class CompiledGraph:
             others = self.weights.source_weights(self.binding.live_positions)
         return [*self.constant_inputs, *others]
 
+    def _release_new_sets(self) -> None:
+        """Regional with ``release_weights``: free the weights behind the derived values of the sets made
+        since the last call, now that those values exist, unless some graph reads them. Valid for the
+        same reason as the release after the first call (:mod:`kopt.release`), earlier: a block's weights
+        are read once, to derive its set, so a FP8 model's first call peaks near the bf16 model's size
+        instead of holding every bf16 and FP8 weight at once."""
+        assert self.weights is not None and self.binding is not None
+        keys, candidates = self.weights.take_new_sources(self.binding.live_positions)
+        if not candidates:
+            return
+        release = self.backend.release_early
+        freed = release_unread_weights(candidates, self.backend.read_storages(),
+                                       None if release is True else release)  # type: ignore[arg-type]
+        if freed:
+            self.backend.report.released_bytes += freed
+            self.weights.forget_released(keys)
+
     def forget_released(self) -> None:
         """Stop checking released weights for changes (they are no longer read, and have no bytes)."""
         if self.weights is not None:
@@ -380,6 +397,8 @@ class CompiledGraph:
             self.report.weights["sets"] = self.weights.count
             if self.staged is not None:
                 self.staged.clear()
+        if self.backend.release_early:
+            self._release_new_sets()
         guard = self.weights.guard
         if guard is None:
             return self._run(args)

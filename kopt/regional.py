@@ -84,6 +84,7 @@ class KoptRegional(nn.Module):
         self._kopt_backend = backend
         self.blocks = blocks
         self._release_pending = release_weights
+        backend.release_early = release_weights  # each block's weights go once its derived ones exist
         self._replay: ForwardReplay | None = None
         if replay:
             options = backend.options
@@ -130,9 +131,10 @@ def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
     """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`).
     When the backend's options ask for CUDA graphs, the whole forward is what is recorded; the blocks'
     graphs record their own (one per block, since each calls with its own weights) only if it cannot be.
-    ``release_weights``: after the first call, free every block's weights no compiled graph reads
-    (:mod:`kopt.release`: the bf16 originals of FP8 linears, in each block's weight set): all of them
-    (True), or those on the given device types."""
+    ``release_weights``: free every block's weights no compiled graph reads (:mod:`kopt.release`: the
+    bf16 originals of FP8 linears, in each block's weight set) as soon as that block's derived weights
+    exist, and whatever is left after the first call: all of them (True), or those on the given device
+    types. The first call then peaks near the model's size, not at its bf16 and FP8 weights together."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"regional compilation compiles a module's blocks; got {type(model).__name__}")
     replay = backend.options.use_cuda_graphs

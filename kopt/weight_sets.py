@@ -69,6 +69,7 @@ class WeightSets:
                  share: bool = True, siblings: Callable[[], Iterable[WeightSets]] = tuple) -> None:
         self.binding, self.check, self.share, self.siblings = binding, check, share, siblings
         self._sets: dict[tuple[int, ...], _Set] = {}
+        self._new: list[tuple[int, ...]] = []  # sets made since the last take_new_sources()
         self._key = self._add(args, binding.derived)
 
     @property
@@ -106,11 +107,20 @@ class WeightSets:
                     found.append(tensor)
         return found
 
-    def forget_released(self) -> None:
-        """Stop reading weights ``release_weights=True`` freed, in every set."""
-        for entry in self._sets.values():
-            if entry.guard is not None:
+    def forget_released(self, keys: Sequence[tuple[int, ...]] | None = None) -> None:
+        """Stop reading weights ``release_weights=True`` freed, in every set (or those of ``keys``)."""
+        for key, entry in self._sets.items():
+            if entry.guard is not None and (keys is None or key in keys):
                 entry.guard.forget_released()
+
+    def take_new_sources(self, keep_positions: Sequence[int]) -> tuple[list[tuple[int, ...]], list[torch.Tensor]]:
+        """The sets made since the last call, and their module weights behind a derived value but those
+        at ``keep_positions`` (read live): what an early release may free once those sets exist."""
+        keys, self._new = [k for k in self._new if k in self._sets], []
+        keep = set(keep_positions)
+        found = [ref() for key in keys for ref, position in zip(self._sets[key].parameters, self.binding.sources,
+                                                                strict=True) if position not in keep]
+        return keys, [t for t in found if t is not None]
 
     def select(self, args: Sequence[Any]) -> bool:
         """Select the set of ``args``' parameters, making it on their first call; True if it changed."""
@@ -157,4 +167,5 @@ class WeightSets:
             guard = WeightGuard(self.binding.sources, self.check, args, self.binding.aliased(args, derived))
         recipes = [self.binding.recipe(name, args) for name, _ in derived]
         self._sets[key] = _Set(tuple(weakref.ref(args[p]) for p in self.binding.sources), derived, guard, recipes)
+        self._new.append(key)
         return key

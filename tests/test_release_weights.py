@@ -176,3 +176,37 @@ def test_a_block_class_compiled_twice_serves_released_blocks_from_the_other_grap
     assert len(free.kopt_report.graphs) == 2  # the class was compiled twice
     released = {name for name, p in model.named_parameters() if is_released(p)}
     assert {f"blocks.{i}.{layer}.weight" for i in range(3) for layer in ("proj", "out")} <= released
+
+
+class _Watched(_Slicing):
+    """Notes, after each block's call, whether that block's FP8-replaced weight is already freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freed_after_call: list[bool] = []
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            c, x = block(x, c)
+            self.freed_after_call.append(is_released(block.proj.weight))
+        return x
+
+
+def test_regional_frees_each_blocks_weights_as_soon_as_its_derived_ones_exist():
+    """Within the first call, each block's bf16 weights are freed right after its FP8 copies are made,
+    so the first call never holds every bf16 and FP8 weight at once; the output is still exact."""
+    torch.manual_seed(0)
+    model = _Watched().to(torch.bfloat16)
+    x, c = torch.randn(1, 24, 32, dtype=torch.bfloat16), torch.randn(1, 8, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        exact = reference_forward(model, x, c)
+    keep = kopt.compile(copy.deepcopy(model), fp8=Fp8Config(min_features=16), lower="eager", regional=True,
+                        release_weights=False)
+    free = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", regional=True, release_weights=True)
+    model.freed_after_call.clear()
+    with torch.no_grad():
+        out = free(x, c)
+        assert model.freed_after_call == [True, True, True]  # already during the first call
+        assert torch.equal(out, keep(x, c)) and rel_err(out, exact) < 0.1
+        assert torch.equal(free(x, c), out)
+    assert not any(keep._orig_mod.freed_after_call)
