@@ -23,6 +23,7 @@ outermost ``nn.ModuleList`` whose items have submodules (SD3, Sana, PixArt, tran
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -120,9 +121,16 @@ class KoptRegional(nn.Module):
         self._kopt_backend.refresh()
 
     def undo(self) -> nn.Module:
-        """Give back the original module with its blocks uncompiled."""
+        """Give back the original module with its blocks uncompiled (warns when ``release_weights``
+        freed some of its weights: it cannot run by itself then)."""
         uncompile_blocks(self._orig_mod)
         self._replay = None
+        released = self._kopt_backend.report.released_bytes
+        if released:
+            warnings.warn(f"kopt: {released / 2**20:,.1f} MiB of this module's weights were released after "
+                          "compiling (release_weights; the default with fp8): the module given back cannot run "
+                          "or be compiled again; compile with release_weights=False to keep them",
+                          RuntimeWarning, stacklevel=2)
         return self._orig_mod
 
 

@@ -210,3 +210,12 @@ def test_regional_frees_each_blocks_weights_as_soon_as_its_derived_ones_exist():
         assert torch.equal(out, keep(x, c)) and rel_err(out, exact) < 0.1
         assert torch.equal(free(x, c), out)
     assert not any(keep._orig_mod.freed_after_call)
+
+
+def test_undo_after_a_release_warns_that_the_module_cannot_run_by_itself():
+    _, model, inputs = _model_and_inputs("qwen-image")
+    free = kopt.compile(model, fp8=Fp8Config(min_features=16), lower="eager", regional=True, release_weights=True)
+    with torch.no_grad():
+        free(**inputs)
+    with pytest.warns(RuntimeWarning, match="release_weights=False"):
+        assert free.undo() is model
