@@ -8,7 +8,10 @@ signature before any pass; where the KB accepted a choice for it (in this enviro
 against exactly this base list), the choice is verified again on first use in the process: the
 rewritten graph's outputs on fresh inputs against the higher-precision reference of the graph, within
 the choice's contract. A choice that fails is not used (the graph gets the base list), the report's
-near misses say why, and the KB gets a ``rejected`` record superseding the accepted one.
+near misses say why, and the KB gets a ``rejected`` record superseding the accepted one. A choice
+that patches Inductor's config for its graph puts the patches in the graph's meta
+(:data:`kopt.lower.INDUCTOR_PATCHES_KEY`), where the backend's lowering takes them; kopt's lowering
+check (on by default with Inductor) then checks that lowering against the higher-precision reference.
 
 Why the union is faithful: a choice is an ordered list of names, and each name sits in the union
 after the names that precede it in that list (inserted before the next name both share), so every
@@ -24,6 +27,7 @@ from typing import Any
 
 import torch
 
+from kopt.lower import INDUCTOR_PATCHES_KEY
 from kopt.passes.base import Contract, Pass, PassContext
 
 RULE = "kb-pipeline"
@@ -117,6 +121,8 @@ class PipelineSelect(Pass):
             return
         graph_module.meta[CHOICE_KEY] = signature
         choice = from_candidate(candidate)
+        if choice.inductor:  # lowered with its patches (checked by kopt's lowering check on first use)
+            graph_module.meta[INDUCTOR_PATCHES_KEY] = choice.inductor_patches
         ctx.notes.append(f"graph {signature[:12]}: KB pipeline choice re-verified: {choice.change}"
                          f"{' on top of ' + choice.on_top_of if choice.on_top_of else ''} ({record.reason[:80]})")
 

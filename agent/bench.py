@@ -73,6 +73,14 @@ def pipeline_choice_for(graph: Any, chosen: Mapping[str, Candidate]) -> Candidat
     return found if found is not None and found.kind is CandidateKind.PASS_CHOICE else None
 
 
+def lowering_patches(graph: Any, chosen: Mapping[str, Candidate]) -> dict[str, Any]:
+    """The Inductor config patches ``graph``'s pipeline choice in ``chosen`` lowers it with (none: {})."""
+    from kopt.agent.pipeline_choice import from_candidate
+
+    choice = pipeline_choice_for(graph, chosen)
+    return from_candidate(choice).inductor_patches if choice is not None else {}
+
+
 def region_candidates(chosen: Mapping[str, Candidate]) -> dict[str, Candidate]:
     return {s: c for s, c in chosen.items() if c.kind is not CandidateKind.PASS_CHOICE}
 
@@ -166,7 +174,8 @@ class WallClock:
                 from kopt.lower import lower
 
                 with torch.no_grad():  # an inference graph, as kopt's backend lowers it
-                    modules = [lower(m, lowering_examples(m, list(g.args)), Lowering.INDUCTOR)
+                    modules = [lower(m, lowering_examples(m, list(g.args)), Lowering.INDUCTOR,
+                                     lowering_patches(g, chosen))
                                for m, g in zip(modules, self.graphs, strict=True)]
             self._built[key] = modules
             for _ in range(2):  # warm-up: kernels compile at their first launch, lazy setup at the second
@@ -236,11 +245,13 @@ def fresh_args(args: Sequence[Any], seed: int) -> list[Any]:
     return fresh
 
 
-def quality(graphs: Sequence[Any], chosen: Mapping[str, Candidate], contract: Contract, seed: int) -> list[dict]:
+def quality(graphs: Sequence[Any], chosen: Mapping[str, Candidate], contract: Contract, seed: int,
+            lower: str = "eager") -> list[dict]:
     """Outputs of the graphs with ``chosen`` applied vs the higher-precision reference, on fresh inputs.
     A graph under a pipeline choice is judged against its graph before passes, within the choice's
-    contract combined with ``contract`` (:mod:`kopt.agent.pipeline_choice`)."""
-    from kopt.agent.pipeline_choice import from_candidate, output_checks
+    contract combined with ``contract`` (:mod:`kopt.agent.pipeline_choice`); with ``lower="inductor"``,
+    a choice that patches the lowering is also judged as lowered with its patches."""
+    from kopt.agent.pipeline_choice import from_candidate, lowered_output_checks, output_checks
 
     checks = []
     for graph in graphs:
@@ -251,6 +262,9 @@ def quality(graphs: Sequence[Any], chosen: Mapping[str, Candidate], contract: Co
             budget = from_candidate(choice).contract
             budget = budget if choice.contract == contract else budget.combine(contract)
             checks.extend(output_checks(graph.original, module, args, budget, graph.index))
+            patches = from_candidate(choice).inductor_patches
+            if patches and lower == "inductor":
+                checks.extend(lowered_output_checks(graph.original, module, args, budget, patches, graph.index))
         else:
             checks.extend(output_checks(graph.graph_module, module, args, contract, graph.index))
     return checks
@@ -262,7 +276,7 @@ def measure(graphs: Sequence[Any], baseline: Mapping[str, Candidate], candidate:
     correct? (module docstring)."""
     config = config or BenchConfig()
     trial = {**baseline, candidate.region_signature: candidate}
-    checks = quality(graphs, trial, candidate.contract, config.seed)
+    checks = quality(graphs, trial, candidate.contract, config.seed, lower=getattr(clock, "lower", "eager"))
     a, b = interleaved(clock, baseline, trial, config.samples)
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     median, low, high = bootstrap_median(ratios, config.resamples, config.seed)

@@ -2,7 +2,9 @@
 
 The choices within existing passes (issue 19's first kind): an opt-in pass added, a default pass
 left out, an FP8 granularity where an FP8 config is given, an attention backend per shape
-(:mod:`kopt.agent.sdpa_backend`). A choice records the exact pass list (by name; passes are built
+(:mod:`kopt.agent.sdpa_backend`), and how Inductor lowers the graph (config patches for it alone:
+GEMMs autotuned among its Triton templates and cuBLAS, generated kernels' launch configs tuned by
+coordinate descent). A choice records the exact pass list (by name; passes are built
 through :mod:`kopt.passes.pipeline` only), the options of the passes that have them, the backend per
 attention shape, and ``base``: the pass list it was measured against. It is stored as a
 :class:`~kopt.agent.candidate.Candidate` of kind ``pass-choice`` whose ``region_signature`` is the
@@ -14,7 +16,10 @@ Why the check is the model's output, not a region's: a pass list changes the who
 rewritten graph's outputs, on fresh inputs, are compared with the higher-precision reference of the
 graph before the passes (:func:`kopt.reference.run_reference`) within the combined contract of every
 pass the choice runs (:meth:`Contract.combine`), by :func:`kopt.verify.compare` (the eager graph's
-own error is the budget's base), as :mod:`kopt.agent.bench` does for a region candidate.
+own error is the budget's base), as :mod:`kopt.agent.bench` does for a region candidate. A choice
+that changes the lowering changes no FX node, so its graph is also lowered as it asks and that
+lowered graph's outputs are checked the same way (:func:`lowered_output_checks`), within
+:data:`LOWERING_CONTRACT` on top of the passes' contract.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.passes.base import Contract, Pass
 
 SDPA = "sdpa-backend"
+# Another GEMM kernel or launch config accumulates in float32 too, in another order: one rounding of
+# the output dtype apart from Inductor's default lowering, which kopt's lowering check also allows
+LOWERING_CONTRACT = Contract.tolerance(1e-2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,15 +51,25 @@ class PipelineChoice:
     sdpa: tuple[tuple[str, str], ...] = ()  # attention shape key -> backend
     change: str = ""  # what differs from ``base``, in words (the KB's lessons and warm starts key on it)
     on_top_of: str = ""  # the changes already kept for this graph that this one was measured on top of
+    inductor: tuple[tuple[str, str], ...] = ()  # Inductor config patch -> its value as JSON, for this graph
 
     def to_dict(self) -> dict:
-        return {"passes": list(self.passes), "base": list(self.base), "options": [list(o) for o in self.options],
+        data = {"passes": list(self.passes), "base": list(self.base), "options": [list(o) for o in self.options],
                 "sdpa": [list(s) for s in self.sdpa], "change": self.change, "on_top_of": self.on_top_of}
+        if self.inductor:  # only when set: older choices keep their content hash
+            data["inductor"] = [list(i) for i in self.inductor]
+        return data
 
     @staticmethod
     def from_dict(data: Mapping) -> PipelineChoice:
         return PipelineChoice(tuple(data["passes"]), tuple(data["base"]), tuple(tuple(o) for o in data["options"]),
-                              tuple(tuple(s) for s in data["sdpa"]), data.get("change", ""), data.get("on_top_of", ""))
+                              tuple(tuple(s) for s in data["sdpa"]), data.get("change", ""), data.get("on_top_of", ""),
+                              tuple(tuple(i) for i in data.get("inductor", ())))
+
+    @property
+    def inductor_patches(self) -> dict[str, Any]:
+        """The Inductor config patches this graph is lowered with (over the compile's own)."""
+        return {key: json.loads(value) for key, value in self.inductor}
 
     def build(self) -> list[Pass]:
         """The passes, instantiated through :func:`kopt.passes.pipeline.available_passes`."""
@@ -83,13 +101,16 @@ class PipelineChoice:
             passes.insert(at, name)
         options = {**dict(accepted.options), **dict(self.options)}
         sdpa = {**dict(accepted.sdpa), **dict(self.sdpa)}
+        inductor = {**dict(accepted.inductor), **dict(self.inductor)}
         return PipelineChoice(tuple(passes), accepted.base, tuple(sorted(options.items())), tuple(sorted(sdpa.items())),
-                              self.change, on_top_of=" + ".join(c for c in (accepted.on_top_of, accepted.change) if c))
+                              self.change, on_top_of=" + ".join(c for c in (accepted.on_top_of, accepted.change) if c),
+                              inductor=tuple(sorted(inductor.items())))
 
     @property
     def contract(self) -> Contract:
-        """The combined contract of every pass the choice runs."""
-        return functools.reduce(Contract.combine, (p.contract for p in self.build()), Contract.exact())
+        """The combined contract of every pass the choice runs (and of its lowering, when it patches it)."""
+        passes = functools.reduce(Contract.combine, (p.contract for p in self.build()), Contract.exact())
+        return passes.combine(LOWERING_CONTRACT) if self.inductor else passes
 
 
 def fp8_options(config: Any) -> dict:
@@ -180,6 +201,21 @@ def output_checks(original: torch.fx.GraphModule, rewritten: torch.fx.GraphModul
         reference = run_reference(original, *args)
     return [{"graph": graph_index, "output": c.output, "ok": c.ok, "rel_err": c.rel_err, "cosine": c.cosine,
              "verdict": c.verdict} for c in compare(got, eager, contract, reference=reference)]
+
+
+def lowered_output_checks(original: torch.fx.GraphModule, rewritten: torch.fx.GraphModule, args: Sequence[Any],
+                          contract: Contract, patches: Mapping[str, Any], graph_index: int = 0) -> list[dict]:
+    """``rewritten`` lowered by Inductor with ``patches``, its outputs on ``args`` vs the higher-precision
+    reference of ``original`` (a choice that changes the lowering changes no FX node)."""
+    from kopt.config import Lowering
+    from kopt.fx.symbolic import lowering_examples
+    from kopt.lower import lower
+
+    with torch.no_grad():
+        lowered = lower(structural_copy(rewritten), lowering_examples(rewritten, list(args)), Lowering.INDUCTOR,
+                        patches)
+    checks = output_checks(original, lowered, args, contract, graph_index)
+    return [dict(c, lowered=True) for c in checks]
 
 
 def random_args(graph_module: torch.fx.GraphModule, seed: int) -> list[Any]:

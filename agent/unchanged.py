@@ -7,8 +7,9 @@ video DiT) only spends the budget; it is recorded as not faster, with this reaso
 
 Why the test is sound: two graph modules with the same generated code that read equal constants
 (same shape, dtype, strides and values; shared storage counts as equal) run the same ops on the same
-values, so they lower to the same kernels. The test errs toward timing: graphs that compute the
-same thing but differ in a node's name or order are not called unchanged.
+values, so they lower to the same kernels, unless the choice lowers them with other Inductor
+patches (then it is always timed). The test errs toward timing: graphs that compute the same thing
+but differ in a node's name or order are not called unchanged.
 """
 
 from __future__ import annotations
@@ -47,15 +48,18 @@ def same_graph(first: torch.fx.GraphModule, second: torch.fx.GraphModule) -> boo
 def changes_nothing(graphs: Sequence[Any], accepted: Mapping[str, Candidate], candidate: Candidate) -> str:
     """Why ``candidate`` (a pipeline choice) leaves its graph as ``accepted`` makes it; empty if it
     changes something or is not a pipeline choice."""
-    from kopt.agent.bench import applied_one
+    from kopt.agent.bench import applied_one, lowering_patches
 
     if candidate.kind is not CandidateKind.PASS_CHOICE:
         return ""
     graph = next((g for g in graphs if g.signature == candidate.region_signature), None)
     if graph is None:
         return ""
+    trial_chosen = {**accepted, candidate.region_signature: candidate}
+    if lowering_patches(graph, trial_chosen) != lowering_patches(graph, accepted):
+        return ""  # lowered another way: the same graph can still run other kernels
     baseline = applied_one(graph, accepted)  # first: the candidate's rewrite stays cached for the A/B
-    trial = applied_one(graph, {**accepted, candidate.region_signature: candidate})
+    trial = applied_one(graph, trial_chosen)
     if not same_graph(baseline, trial):
         return ""
     change = dict(candidate.params).get("change", "the choice")

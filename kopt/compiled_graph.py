@@ -36,7 +36,7 @@ from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, split_stages
 from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.fx.weights import WeightBinding, bind_weights
-from kopt.lower import lower
+from kopt.lower import INDUCTOR_PATCHES_KEY, lower
 from kopt.passes.base import Contract, ContractKind
 from kopt.passes.graph.staging import HOIST_KEY
 from kopt.passes.manager import run_passes
@@ -158,6 +158,10 @@ class CompiledGraph:
                          lowering: Lowering | None = None) -> Callable[..., Any]:
         """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier.
         Lowered without autograd: kopt's graphs are for inference, and weights are now inputs."""
+        self._graph_patches = dict(rewritten.graph_module.meta.get(INDUCTOR_PATCHES_KEY) or {})
+        if self._graph_patches:
+            patched = ", ".join(f"{k}={v}" for k, v in self._graph_patches.items())
+            self.report.lowering += f" (for this graph: {patched})"
         with torch.no_grad():
             return self._lower_stages(rewritten.graph_module, binding.inputs(example_inputs), binding,
                                       lowering or self.backend.options.lower)
@@ -191,8 +195,8 @@ class CompiledGraph:
 
     def _lower(self, graph_module: torch.fx.GraphModule, inputs: list[Any], lowering: Lowering) -> Callable[..., Any]:
         """``graph_module`` lowered; symbolic graphs with fakes of their symbols (one kernel set for every size)."""
-        return lower(graph_module, lowering_examples(graph_module, inputs), lowering,
-                     self.backend.options.inductor_options)
+        patches = {**self.backend.options.inductor_options, **getattr(self, "_graph_patches", {})}
+        return lower(graph_module, lowering_examples(graph_module, inputs), lowering, patches)
 
     def _replayed(self, lowered: Callable[..., Any], inputs: list[Any], static: Sequence[int],
                   share_with: Callable[..., Any] | None = None) -> Callable[..., Any]:

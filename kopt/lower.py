@@ -12,6 +12,10 @@ import torch
 
 from kopt.config import Lowering
 
+# graph_module.meta: Inductor config patches for this graph alone, over the compile's own (a pipeline
+# choice of the agent's knowledge base: :mod:`kopt.agent.auto_pipeline`)
+INDUCTOR_PATCHES_KEY = "kopt_inductor_patches"
+
 
 def lower(graph_module: torch.fx.GraphModule, example_inputs: list[object],
           lowering: Lowering, inductor_options: Mapping[str, object] | None = None) -> Callable[..., object]:

@@ -9,10 +9,15 @@ For each graph, relative to ``passes="auto"`` (the base every choice records):
 * each attention shape on each other backend the device offers (:mod:`kopt.agent.sdpa_backend`);
 * where an FP8 config is given, the FP8 pipeline at each scale granularity
   (:func:`kopt.passes.pipeline.fp8_pipeline` for the default list, else ``resolve(list, fp8)``; the
-  pass options recorded as JSON).
+  pass options recorded as JSON);
+* on a GPU, the graph lowered with Inductor's tuning (:data:`LOWERING_TUNING`): its GEMMs autotuned
+  among Inductor's Triton templates and cuBLAS at their exact shapes, and its generated kernels'
+  launch configs tuned by coordinate descent. GEMMs and attention are 85 % of a DiT's kernel time and
+  cuBLAS's heuristic picks one kernel per shape without timing it; both tunings lengthen the cold
+  compile (Inductor caches what they chose) and are kept only for a measured end-to-end gain.
 
-Deterministic: graphs in capture order; within a graph opt-ins, then attention, then FP8, then
-leave-outs, each in pipeline order. Leave-outs come last because they are the least likely to pay
+Deterministic: graphs in capture order; within a graph opt-ins, then attention, then lowering, then
+FP8, then leave-outs, each in pipeline order. Leave-outs come last because they are the least likely to pay
 (each default pass is in the pipeline because it pays in general), and attention choices early
 because the loop settles most of them in seconds (:mod:`kopt.agent.sdpa_micro`).
 """
@@ -27,6 +32,10 @@ from typing import Any
 from kopt.agent.candidate import Candidate
 from kopt.agent.pipeline_choice import SDPA, PipelineChoice, fp8_options, to_candidate
 
+LOWERING_TUNING = (  # (Inductor config patches, the change in words)
+    ({"max_autotune_gemm": True}, "tune GEMMs (Inductor max_autotune_gemm)"),
+    ({"coordinate_descent_tuning": True}, "tune generated kernels (Inductor coordinate_descent_tuning)"),
+)
 FP8_PASSES = ("fp8-linear", "fuse-activation-quant", "fuse-adaln-quant", "fp8-attention",
               "fuse-attention-output-quant", "fp8-gemv")
 
@@ -76,6 +85,15 @@ def attention_choices(graph_module: Any, base: Sequence[str], device: str) -> li
     return choices
 
 
+def lowering_choices(base: Sequence[str], device: str) -> list[PipelineChoice]:
+    """The base passes, lowered with each of Inductor's tunings (on a GPU: on the CPU they tune C++)."""
+    if not device.startswith("cuda"):
+        return []
+    return [PipelineChoice(tuple(base), tuple(base), change=change,
+                           inductor=tuple(sorted((k, json.dumps(v)) for k, v in patches.items())))
+            for patches, change in LOWERING_TUNING]
+
+
 def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
     """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity."""
     from kopt.fp8.config import Granularity
@@ -98,6 +116,7 @@ def propose_pipelines(graphs: Sequence[Any], *, device: str = "cpu", fp8: Any = 
     base = base_pipeline()
     for graph in graphs:
         choices = added_passes(base) + attention_choices(graph.graph_module, base, device)
+        choices += lowering_choices(base, device)
         if fp8 is not None:
             choices += fp8_choices(base, fp8)
         choices += left_out_passes(base)
