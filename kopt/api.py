@@ -180,19 +180,19 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
         cuda_graphs: replay each compiled graph from a CUDA graph (one launch per call instead of
             one per kernel; outputs are returned as fresh tensors). None (default): on for
             ``lower="inductor"`` when the inputs are CUDA tensors; ``False`` launches kernel by kernel.
-        release_weights: after the first call, free the storage of the module's weights that no
-            compiled graph reads (the bf16 originals of FP8-quantized linears; merged ones are
-            shared, see ``share_weights``). None (default): only with ``fp8``, and only weights on a
-            GPU: the quantized weights then replace the bf16 ones (the module is handed over, as a
-            quantization library would take it), so that peak memory stays at or below eager
-            bf16's; ``False`` keeps both; ``True`` frees on every device.
-            After a release the module can no longer run by itself, and a call that needs a new
-            compilation (new shapes, changed weights, ``kopt_refresh()``) raises
-            :class:`kopt.WeightsReleasedError` naming the fix (``release_weights=False``). With
-            ``regional=True`` the first call runs every block, and each block's own weights are freed
-            the same way. A freed weight keeps its shape but holds no bytes: writing into it
-            (``param.data.copy_``, fusing a LoRA adapter) or moving the module (``.to()``) reads or
-            writes out of bounds, a crash on the CPU and a CUDA error on a GPU.
+        release_weights: free the storage of the module's weights that no compiled graph reads (the
+            bf16 originals of FP8-quantized linears; merged ones are shared, see ``share_weights``):
+            after the first call, and with ``regional=True`` each block's as soon as its FP8 copies
+            exist. None (default): only with ``fp8`` and ``regional=True``, and only weights on a GPU:
+            the quantized weights then replace the bf16 ones (the module is handed over, as a
+            quantization library would take it), so that peak memory stays at or below eager bf16's;
+            new shapes still compile, from the FP8 weights already made. ``True``: also whole-model
+            (a call needing a new compilation, new shapes included, may then raise
+            :class:`kopt.WeightsReleasedError`, naming the fix) and on every device; ``False`` keeps
+            both. After a release the module can no longer run by itself, changed weights or
+            ``kopt_refresh()`` raise, and a freed weight keeps its shape but holds no bytes: writing
+            into it (``param.data.copy_``, fusing a LoRA adapter) or moving the module (``.to()``)
+            reads or writes out of bounds, a crash on the CPU and a CUDA error on a GPU.
         mode: ``torch.compile``'s modes: ``"default"``, ``"reduce-overhead"`` (CUDA graphs on),
             ``"max-autotune"`` (Inductor's GEMM and launch-config tuning, CUDA graphs on),
             ``"max-autotune-no-cudagraphs"`` (the same, CUDA graphs off); an explicit
@@ -232,7 +232,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
                            on_weight_change=on_weight_change, weight_check=weight_check, trace=trace, fuel=fuel,
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
                            progress=progress, check_lowering=check_lowering, kb=kb, share_weights=share_weights)
-    release = resolve_release(release_weights, fp8)
+    release = resolve_release(release_weights, fp8, regional)
     if regional:
         return compile_regional(model, backend, fullgraph=fullgraph, dynamic=dynamic,  # type: ignore[arg-type]
                                 release_weights=release)

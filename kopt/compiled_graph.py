@@ -41,7 +41,14 @@ from kopt.passes.base import Contract, ContractKind
 from kopt.passes.graph.staging import HOIST_KEY
 from kopt.passes.manager import run_passes
 from kopt.progress import first_call_shows_progress, show_progress
-from kopt.release import WeightsReleasedError, check_not_released, read_storages, release_unread_weights
+from kopt.release import (
+    WeightsReleasedError,
+    check_not_released,
+    is_released,
+    read_storages,
+    release_unread_weights,
+    stand_ins,
+)
 from kopt.report import GraphReport
 from kopt.verify import compare
 from kopt.weight_sets import WeightSets
@@ -68,8 +75,14 @@ class CompiledGraph:
         placeholders = [n for n in self.dynamo_graph.graph.nodes if n.op == "placeholder"]
         roles = classify_inputs(placeholders, example_inputs, dict(options.roles),
                                 self.backend.argument_names)
-        check_not_released(example_inputs, [r.argument or r.source for r in roles])
-        self.constant_inputs = [example_inputs[r.index] for r in roles if r.role is Role.CONSTANT]
+        real_inputs, self._stood_in = example_inputs, False
+        if in_dynamo and any(is_released(t) for t in example_inputs) and self._siblings():
+            # after a release, dynamo compiles again (new shapes): stand-ins go through the passes, and
+            # the derived weights come from the earlier graphs that made them
+            example_inputs, self._stood_in = stand_ins(example_inputs), True
+        else:
+            check_not_released(example_inputs, [r.argument or r.source for r in roles])
+        self.constant_inputs = [real_inputs[r.index] for r in roles if r.role is Role.CONSTANT]
         self.report.inputs = [dict(argument=r.argument or r.source, role=r.role.value, reason=r.reason)
                               for r in roles]
         self.report.passes, self.report.verification, self.report.fallback = [], [], None
@@ -103,8 +116,8 @@ class CompiledGraph:
                     self._shared_bytes = binding.share_storage(example_inputs)
                 self.runner = self._lower_rewritten(rewritten, binding, example_inputs)
                 self.captured, self.binding = rewritten, binding
-                self._watch_weights(example_inputs)
-            except RestartAnalysis:  # dynamo retraces the frame (it specializes a float Inductor met)
+                self._watch_weights(real_inputs)
+            except (RestartAnalysis, WeightsReleasedError):  # dynamo retraces the frame; or nothing can run
                 raise
             except Exception as error:  # lowering the rewritten graph failed: lower the original
                 if options.strict:
@@ -116,6 +129,11 @@ class CompiledGraph:
             self.captured, self.binding, self.weights = None, None, None
             self.report.fallback = ("capturing again after a weight change needed new size guards "
                                     f"({'; '.join(guards_since(shape_env, guards)[:3])}): running the original graph")
+        if self.captured is None and self._stood_in:  # the original graph would read the freed weights
+            raise WeightsReleasedError(
+                "compiling again (new shapes) after release_weights freed weights (on by default with regional "
+                f"fp8), and no rewritten graph could run ({self.report.fallback or 'no rewrite fired'}); compile with "
+                "release_weights=False to keep them")
         if self.captured is None:
             # captured again with symbolic sizes: Inductor outside dynamo would compile for this call's sizes
             original = self.dynamo_graph.forward if options.lower is Lowering.EAGER or shape_env else None
@@ -137,15 +155,20 @@ class CompiledGraph:
                             [i for i, _ in rewritten.constants], [r.source for r in rewritten.roles],
                             self._traced, graph_module.meta.get(HOIST_KEY) or ())
 
+    def _siblings(self) -> list[WeightSets]:
+        """The weight sets of the backend's other compiled graphs (regional: other graphs of a block class)."""
+        return [g.weights for g in self.backend.compiled if g.weights is not None and g is not self]
+
     def _watch_weights(self, example_inputs: list[Any]) -> None:
         binding, options = self.binding, self.backend.options
         assert binding is not None
         self._live_weights = [example_inputs[p] for p in binding.live_positions]
+        if self._stood_in:
+            self._borrow_derived(example_inputs)
         check = None if options.on_weight_change is WeightChange.IGNORE else options.weight_check
         if binding.sources:
             self.weights = WeightSets(binding, example_inputs, check, share=options.share_weights,
-                                      siblings=lambda: [g.weights for g in self.backend.compiled
-                                                        if g.weights is not None and g is not self])
+                                      siblings=self._siblings)
         guard = self.weights.guard if self.weights is not None else None
         self.report.weights = dict(
             live=len(binding.live_positions), derived=len(binding.derived), watched=len(binding.sources),
@@ -153,6 +176,31 @@ class CompiledGraph:
             watched_bytes=0 if guard is None else guard.watched_bytes,
             shared_bytes=self._shared_bytes,
             on_change="rebuild" if binding.rebuild_on_change else _ON_CHANGE[options.on_weight_change], sets=1)
+        if self._stood_in:
+            self.report.weights["derived_from"] = "earlier graphs (compiled on stand-ins for released weights)"
+
+    def _borrow_derived(self, example_inputs: list[Any]) -> None:
+        """A graph compiled on stand-ins for released weights: its derived weights are the ones another
+        graph made from the same weights by the same recipes (:meth:`WeightSets.derived_by_recipe`),
+        or it cannot run: a weight it reads live was released, or no graph made what it derives."""
+        binding = self.binding
+        assert binding is not None and self.captured is not None
+        names = [p for p in binding.live_positions if is_released(example_inputs[p])]
+        if names:
+            raise WeightsReleasedError(
+                f"compiling again (new shapes) needs weights read live that release_weights freed (the default "
+                f"with fp8; inputs {names[:4]}); compile with release_weights=False to keep them")
+        wanted = [binding.recipe(name, example_inputs) for name, _ in binding.derived]
+        found = next((f for f in (s.derived_by_recipe(wanted) for s in self._siblings()) if f is not None), None)
+        if found is None:
+            raise WeightsReleasedError(
+                "compiling again (new shapes) derives weights no earlier graph made from these weights, and "
+                "release_weights freed their sources (on by default with regional fp8); compile with "
+                "release_weights=False")
+        for name, _ in binding.derived:  # the stand-ins' derived values: not read, not kept
+            if hasattr(self.captured.graph_module, name):
+                delattr(self.captured.graph_module, name)
+        binding.derived = [(name, tensor) for (name, _), tensor in zip(binding.derived, found, strict=True)]
 
     def _lower_rewritten(self, rewritten: CapturedGraph, binding: WeightBinding, example_inputs: list[Any],
                          lowering: Lowering | None = None) -> Callable[..., Any]:

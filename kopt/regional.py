@@ -128,8 +128,8 @@ class KoptRegional(nn.Module):
         released = self._kopt_backend.report.released_bytes
         if released:
             warnings.warn(f"kopt: {released / 2**20:,.1f} MiB of this module's weights were released after "
-                          "compiling (release_weights; the default with fp8): the module given back cannot run "
-                          "or be compiled again; compile with release_weights=False to keep them",
+                          "compiling (release_weights; on by default with regional fp8): the module given back "
+                          "cannot run or be compiled again; compile with release_weights=False to keep them",
                           RuntimeWarning, stacklevel=2)
         return self._orig_mod
 

@@ -117,7 +117,7 @@ def render(report: Report, max_near_misses: int = 5) -> str:
         lines.append(f"  EAGER FALLBACK for calls no compiled graph matches: {report.recompile_limit}")
     if report.released_bytes:
         lines.append(f"  released {report.released_bytes / 2**20:,.1f} MiB of module weights no compiled graph reads "
-                     "(release_weights; the default with fp8)")
+                     "(release_weights; on by default with regional fp8)")
     if report.forward_replay is not None:
         lines.append(f"  whole forward: {report.forward_replay.describe()}")
     for graph in report.graphs:

@@ -1,7 +1,7 @@
 """release_weights: after the first call the module's weights that no compiled graph reads are
 freed (the bf16 originals of FP8 linears), outputs do not change, the weights still read are kept,
 and a call needing a new compilation raises a clear error instead of computing with empty weights.
-By default only with FP8 and only on a GPU."""
+By default only with FP8 under regional compilation, and only on a GPU."""
 
 from __future__ import annotations
 
@@ -59,11 +59,12 @@ def test_a_call_that_needs_a_new_compilation_raises_clearly(regional):
             free(**inputs)
 
 
-def test_by_default_only_fp8_releases_and_only_weights_on_a_gpu():
-    assert resolve_release(None, Fp8Config()) == DEFAULT_DEVICES == ("cuda",)
-    assert resolve_release(None, True) == DEFAULT_DEVICES
-    assert resolve_release(None, None) is False and resolve_release(None, False) is False
-    assert resolve_release(False, Fp8Config()) is False and resolve_release(True, None) is True
+def test_by_default_only_regional_fp8_releases_and_only_weights_on_a_gpu():
+    assert resolve_release(None, Fp8Config(), regional=True) == DEFAULT_DEVICES == ("cuda",)
+    assert resolve_release(None, True, regional=True) == DEFAULT_DEVICES
+    assert resolve_release(None, Fp8Config(), regional=False) is False  # whole-model keeps both unless asked
+    assert resolve_release(None, None, regional=True) is False and resolve_release(None, False) is False
+    assert resolve_release(False, Fp8Config()) is False and resolve_release(True, None, regional=False) is True
 
 
 @pytest.mark.parametrize("release_weights", [None, False])
@@ -80,27 +81,61 @@ def test_on_the_cpu_by_default_or_when_asked_to_keep_nothing_is_freed(release_we
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("regional", [False, True])
-def test_on_a_gpu_fp8_frees_the_bf16_weights_by_default_and_a_new_shape_says_how_to_keep_them(regional):
+@pytest.mark.parametrize("regional, release_weights", [(True, None), (False, None), (False, True)])
+def test_on_a_gpu_regional_fp8_frees_the_bf16_weights_by_default_and_new_shapes_still_compile(regional,
+                                                                                              release_weights):
+    """Regional FP8 releases by default, and a new shape compiles again from the FP8 weights it made;
+    whole-model FP8 keeps the weights unless asked, and released, a new shape says how to keep them."""
     from kopt.workloads import get_workload
 
     workload = get_workload("qwen-image")
     torch.manual_seed(0)
     model = workload.model("tiny", device="cuda", dtype=torch.bfloat16)
     inputs = workload.inputs("tiny", device="cuda", dtype=torch.bfloat16, seed=41)
+    resized = workload.resized(inputs, height=8, width=6, text=7, seed=3)
+    bigger = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.cuda())
+              if isinstance(v, torch.Tensor) else v for k, v in resized.items()}
     with torch.no_grad():
         exact = reference_forward(model, **inputs)[0]
-    compiled = kopt.compile(model, fp8=Fp8Config(min_features=16), regional=regional)
+        exact_bigger = reference_forward(model, **bigger)[0]
+    compiled = kopt.compile(model, fp8=Fp8Config(min_features=16), regional=regional, release_weights=release_weights)
+    released = regional or release_weights
     with torch.no_grad():
         for _ in range(3):  # compile and release, then replays
             assert rel_err(compiled(**inputs)[0], exact) < 0.1
-        assert compiled.kopt_report.released_bytes > 0 and "default with fp8" in str(compiled.kopt_report)
-        assert any(is_released(p) for p in model.parameters())
-        resized = workload.resized(inputs, height=8, width=6, text=7, seed=3)
-        bigger = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.cuda())
-                  if isinstance(v, torch.Tensor) else v for k, v in resized.items()}
-        with pytest.raises(kopt.WeightsReleasedError, match="release_weights=False"):
-            compiled(**bigger)
+        assert (compiled.kopt_report.released_bytes > 0) == bool(released)
+        assert any(is_released(p) for p in model.parameters()) == bool(released)
+        if regional or not released:
+            for _ in range(3):
+                assert rel_err(compiled(**bigger)[0], exact_bigger) < 0.1
+            assert rel_err(compiled(**inputs)[0], exact) < 0.1
+        else:
+            with pytest.raises(kopt.WeightsReleasedError, match="release_weights=False"):
+                compiled(**bigger)
+    if released:
+        assert "release_weights" in str(compiled.kopt_report)
+
+
+def test_regional_new_shapes_after_a_release_run_with_the_first_graphs_fp8_weights():
+    """After the release, a new shape makes dynamo compile the block class again: kopt traces it on
+    stand-ins for the freed weights and takes each block's FP8 weights from the first graphs (same
+    weights, same recipe), so the output is exactly what keeping the weights gives."""
+    workload, model, inputs = _model_and_inputs("qwen-image")
+    resized = workload.resized(inputs, height=8, width=6, text=7, seed=3)
+    bigger = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in resized.items()}
+    with torch.no_grad():
+        exact = reference_forward(model, **bigger)[0]
+    fp8 = Fp8Config(min_features=16)
+    keep = kopt.compile(copy.deepcopy(model), fp8=fp8, lower="eager", regional=True, release_weights=False)
+    free = kopt.compile(model, fp8=fp8, lower="eager", regional=True, release_weights=True)
+    with torch.no_grad():
+        first = free(**inputs)[0]
+        assert free.kopt_report.released_bytes > 0
+        out = free(**bigger)[0]
+        assert torch.equal(out, keep(**bigger)[0]) and rel_err(out, exact) < 0.1
+        assert torch.equal(free(**inputs)[0], first)
+    assert free.kopt_report.graphs[-1].weights["derived_from"].startswith("earlier graphs")
 
 
 def test_regional_compilation_frees_every_blocks_quantized_weights():

@@ -220,7 +220,7 @@ def _releases(options: dict[str, Any]) -> bool:
     from kopt.release import release_by_default
 
     chosen = options.get("release_weights")
-    return release_by_default(options.get("fp8")) if chosen is None else bool(chosen)
+    return release_by_default(options.get("fp8"), bool(options.get("regional"))) if chosen is None else bool(chosen)
 
 
 def _without_pdl(prepare: Callable[[nn.Module, Setup], Prepared]) -> Callable[[nn.Module, Setup], Prepared]:

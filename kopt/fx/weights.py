@@ -141,8 +141,8 @@ class WeightBinding:
                 if is_released(tensor):
                     raise WeightsReleasedError(
                         f"a weight that {name} depends on changed, and recomputing it needs another weight that "
-                        "release_weights freed (the default with fp8); compile with release_weights=False to change "
-                        "weights later")
+                        "release_weights freed (on by default with regional fp8); compile with "
+                        "release_weights=False to change weights later")
                 return tensor
             if name in self._fixed:
                 return self._fixed[name]
