@@ -180,6 +180,9 @@ def test_model_mutating_variants_run_last() -> None:
     assert "torch.compile-full" in [v.name for v in select("auto", "full", whole_model=True)]
     tiny_default = [v.name for v in select("auto", "tiny", whole_model=False)]
     assert "kopt-regional" in tiny_default and not any(v.endswith("-keep-weights") for v in tiny_default)
+    assert not any("max-autotune" in v for v in tiny_default)
+    tuned = [v.name for v in select("kopt-regional-max-autotune,torch.compile-max-autotune+graphs", "full", False)]
+    assert tuned == ["kopt-regional-max-autotune", "torch.compile-max-autotune+graphs"]  # neither changes the model
 
 
 def test_a_model_changed_by_a_variant_is_built_again_with_the_same_weights() -> None:

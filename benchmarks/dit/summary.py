@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 BASELINES: dict[str, tuple[str, ...]] = {
-    "bf16": ("torch.compile", "torch.compile+graphs", "torch.compile-full"),
+    "bf16": ("torch.compile", "torch.compile+graphs", "torch.compile-max-autotune+graphs", "torch.compile-full"),
     "fp8": ("fp8+torch.compile", "fp8+torch.compile-fast-accum", "fp8+torch.compile-fast-accum+graphs"),
 }
 

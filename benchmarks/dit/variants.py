@@ -94,6 +94,18 @@ def _regional_compile(model: nn.Module, setup: Setup) -> Prepared:
     return Prepared(model, notes=[f"regional: {compile_regions(model)}"], undo=lambda: _uncompile_blocks(model))
 
 
+def _regional_compile_tuned(model: nn.Module, setup: Setup) -> Prepared:
+    """Regional ``torch.compile`` with ``mode="max-autotune-no-cudagraphs"``: each block's GEMMs timed among
+    Inductor's Triton templates and cuBLAS, its generated kernels' launch configs tuned (the replay is ours)."""
+    from kopt.regional import repeated_blocks
+
+    blocks = repeated_blocks(model)
+    for block in blocks:
+        block.compile(backend="inductor", mode="max-autotune-no-cudagraphs")
+    names = ", ".join(sorted({type(b).__name__ for b in blocks}))
+    return Prepared(model, notes=[f"regional, max-autotune: {names}"], undo=lambda: _uncompile_blocks(model))
+
+
 def _replayed(prepared: Prepared, setup: Setup) -> Prepared:
     """``prepared`` with its whole forward replayed from a CUDA graph (:mod:`benchmarks.dit.graph_replay`),
     as kopt replays its own: on the CPU there is nothing to replay and the row says so."""
@@ -157,6 +169,9 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
     # regional compilation (compile time of a few blocks) with FP8 linears and attention
     "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
+    # regional with Inductor's tuning for every graph (GEMM templates against cuBLAS, launch configs; CUDA graphs on):
+    # what the agent's lowering choices try graph by graph, against torch.compile-max-autotune+graphs
+    "kopt-regional-max-autotune": dict(passes="auto", regional=True, mode="max-autotune"),
     # FP8 keeping the module's bf16 weights (release_weights=False): their memory and per-call checksum
     "kopt-regional-fp8-attn-keep-weights": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True),
                                                 release_weights=False),
@@ -259,6 +274,9 @@ def all_variants() -> list[Variant]:
         Variant("torch.compile+graphs", "regional torch.compile, whole forward replayed from a CUDA graph",
                 lambda m, s: _replayed(_regional_compile(m, s), s), cfg_pair=True, estimate_full_s=150,
                 aliases=("compile+graphs",)),
+        Variant("torch.compile-max-autotune+graphs", "regional torch.compile with mode='max-autotune-no-cudagraphs', "
+                "whole forward replayed from a CUDA graph (the baseline for kopt-regional-max-autotune)",
+                lambda m, s: _replayed(_regional_compile_tuned(m, s), s), cfg_pair=True, estimate_full_s=400),
         Variant("kopt-regional", "kopt.compile(regional=True): each repeated block compiled once per class, "
                 "the whole forward replayed from a CUDA graph (kopt.forward_replay)",
                 _kopt(dict(passes="auto", regional=True)), cfg_pair=True, estimate_full_s=120),
@@ -294,7 +312,8 @@ def all_variants() -> list[Variant]:
 DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+torch.compile-fast-accum+graphs")
 DEFAULT_TINY = tuple(v.name for v in all_variants()
                      if not v.name.startswith(("kopt-no-", "kopt-regional-no-", "kopt-fused"))
-                     and not v.name.endswith(("-nopdl", "-keep-weights")))
+                     and not v.name.endswith(("-nopdl", "-keep-weights"))
+                     and "max-autotune" not in v.name)  # on a CPU it tunes C++ GEMM templates for minutes
 
 
 def select(spec: str, size: str, whole_model: bool) -> list[Variant]:
