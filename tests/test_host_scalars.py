@@ -22,6 +22,13 @@ def test_a_number_on_a_device_is_a_fill_with_the_dtype_torch_would_infer(origina
     assert (got.shape, got.dtype, got.device) == (expected.shape, expected.dtype, expected.device), filled
     on_cpu = as_fill(original)(value, dtype=dtype)  # the value itself, checked where it can be read
     assert on_cpu.item() == original(value, dtype=dtype).item()
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    assert as_fill(spy)(value, **kwargs).device.type == "meta" and calls == []  # a fill on the device, no copy
 
 
 def test_other_forms_go_to_torch_unchanged():
