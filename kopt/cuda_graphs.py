@@ -19,8 +19,8 @@ new values copied in computes what calling it would. What could go wrong, and ho
   (``clone_outputs``; a DiT's output is the small latent, so the copy is cheap);
 * recordings of one runner that differ only in their weights (a repeated block's graph, one
   recording per block) share one set of input buffers: replays run one after another on one
-  stream and each copies its inputs in first, so no replay can read another's (60 Qwen-Image
-  blocks: ~1.8 GB of copies of the hidden states otherwise). Only when outputs are copied out,
+  stream and each copies its inputs in first, so no replay can read another's (otherwise every
+  block holds a copy of the hidden states). Only when outputs are copied out,
   since a recorded output may alias an input buffer;
 * warm-up (autotuning, cuBLAS/cuDNN plan selection, lazy initialisation) must not be recorded, so
   a signature is called ``warmup`` times normally, then once on a side stream, before recording;
