@@ -403,6 +403,27 @@ def test_warm_compile_runs_the_variant_again_in_a_fresh_process():
     assert result["variant"] == "kopt-eager" and result["compile_s"] > 0 and result["median_ms"] > 0
 
 
+def test_warm_compile_is_measured_for_the_variants_named_and_never_for_eager():
+    from benchmarks.dit.dit import wants_warm_compile
+
+    assert not wants_warm_compile(None, "kopt-regional")
+    assert wants_warm_compile("all", "kopt-regional") and not wants_warm_compile("all", "eager")
+    chosen = "kopt-regional, kopt-regional-fp8-attn"
+    assert wants_warm_compile(chosen, "kopt-regional-fp8-attn")
+    assert not wants_warm_compile(chosen, "torch.compile+graphs")
+    assert not wants_warm_compile(chosen, "kopt-regional-fp8")  # names, not prefixes
+
+
+def test_the_parent_keeps_its_model_off_cuda_during_a_warm_compile():
+    from benchmarks.dit.warm_compile import needs_the_device_alone, two_copies_fit
+
+    model = torch.nn.Linear(1823, 781)
+    assert not needs_the_device_alone(model, torch.device("cpu"))
+    h200 = 150_000_000_000  # bytes, as torch reports an H200's memory (about 140 GiB)
+    assert not two_copies_fit(64_400_000_000, h200)  # FLUX.2's bf16 transformer
+    assert two_copies_fit(24_000_000_000, h200)  # FLUX.1's
+
+
 def test_trace_gaps_attributes_gpu_idle_to_the_host_work_beside_it():
     from benchmarks.tools.trace_gaps import gaps
 

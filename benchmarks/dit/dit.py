@@ -53,7 +53,7 @@ from benchmarks.dit.measure import (
     synchronize,
 )
 from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, select
-from benchmarks.dit.warm_compile import NOT_COMPILED, in_fresh_process
+from benchmarks.dit.warm_compile import NOT_COMPILED, in_fresh_process, needs_the_device_alone
 from kopt.kernels import _autotune
 from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
@@ -115,9 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", action="store_true",
                         help="write each profiled forward as a gzipped Chrome trace "
                         "(trace-<model>-<variant>-<call>.json.gz)")
-    parser.add_argument("--warm-compile", action="store_true",
-                        help="after each compiled variant, compile it again in a fresh process (warm caches) "
-                             "and record that time as the forward row's warm_compile_s")
+    parser.add_argument("--warm-compile", nargs="?", const="all", default=None, metavar="VARIANTS",
+                        help="after each compiled variant (or only those named, comma-separated), compile it "
+                             "again in a fresh process (warm caches) and record that time as the forward "
+                             "row's warm_compile_s")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.size = args.size or ("full" if args.device == "cuda" else "tiny")
@@ -283,24 +284,45 @@ def run_variant(run: Run, state: ModelState, variant: Variant) -> None:
     run.log(f"  freed {variant.name}; allocated now {allocated_gb(run.device)} GB")
 
 
-def measure_warm_compile(run: Run, name: str, variant: Variant) -> None:
+def wants_warm_compile(selection: str | None, variant: str) -> bool:
+    """Whether ``--warm-compile`` (None: off, "all", or a comma-separated list) asks for ``variant``."""
+    if selection is None or variant in NOT_COMPILED:
+        return False
+    return selection == "all" or variant in {v.strip() for v in selection.split(",")}
+
+
+def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> ModelState:
     """The variant compiled again in a fresh process (:mod:`benchmarks.dit.warm_compile`): its compile
-    time with the disk caches this run filled goes into the forward row as ``warm_compile_s``."""
+    time with the disk caches this run filled goes into the forward row as ``warm_compile_s``.
+
+    The child builds its own copy of the model. Where two copies would not fit on the device
+    (:func:`benchmarks.dit.warm_compile.needs_the_device_alone`: FLUX.2's 64 GB on a 141 GB H200),
+    this process drops its copy first and builds it again from the seed afterwards."""
+    name = state.name
     forward = next((r for r in run.results["rows"] if r["model"] == name and r["variant"] == variant.name
                     and r["call"] == "forward"), None)
-    if variant.name in NOT_COMPILED or forward is None or forward["status"] != "ok":
-        return
+    if forward is None or forward["status"] != "ok":
+        return state
     left = run.args.budget_s - run.log.elapsed()
     if left < 60:
         forward["notes"].append("warm compile not measured: budget")
-        return
+        return state
+    alone = needs_the_device_alone(state.model, run.device)
+    if alone:
+        run.log(f"  {name}: two copies of the model do not fit on the device; this process drops its own "
+                "while the warm compile runs")
+        state.model = None  # type: ignore[assignment]
+        free_compiled_state(run.device)
     result = in_fresh_process(name, variant.name, run.setup.size, str(run.device), run.args.dtype, timeout_s=left)
+    if alone:
+        state = rebuild_model(run, state)
     if "error" in result:
         forward["notes"].append(f"warm compile failed: {result['error']}")
         run.log(f"  {name} {variant.name} warm compile failed: {result['error']}")
-        return
+        return state
     forward["warm_compile_s"] = result["compile_s"]
     run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s")
+    return state
 
 
 def pace_factor(pace: list[tuple[float, float]]) -> float:
@@ -413,8 +435,10 @@ def run_model(run: Run, name: str) -> None:
             state = rebuild_model(run, state)
         changed |= variant.mutates_model
         run_variant(run, state, variant)
-        if run.args.warm_compile:
-            measure_warm_compile(run, name, variant)
+        if wants_warm_compile(run.args.warm_compile, variant.name):
+            before = state
+            state = measure_warm_compile(run, state, variant)
+            changed &= state is before  # built again from the seed: unchanged
         run.pace.append((variant.estimate_full_s, run.log.elapsed() - began))
         run.save()
     eager = next((b for b in run.results["breakdown"] if b["model"] == name and b["variant"] == "eager"), None)

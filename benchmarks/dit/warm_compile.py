@@ -37,6 +37,24 @@ from kopt.workloads import get_workload  # noqa: E402
 NOT_COMPILED = ("eager", "fp8-eager")
 
 
+def needs_the_device_alone(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether a second copy of ``model`` (the child's) would not fit beside this one on ``device``.
+
+    The child holds the model, one forward's activations and the compiled variant's derived weights
+    (FP8 copies before the release); half the device for the model leaves less than that, so above
+    40 % of the device's memory the parent makes room. Always False off CUDA (host memory is not the
+    limit the tiny models reach)."""
+    if device.type != "cuda":
+        return False
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return not two_copies_fit(weights, torch.cuda.get_device_properties(device).total_memory)
+
+
+def two_copies_fit(weight_bytes: int, device_bytes: int) -> bool:
+    """At most 40 % of the device for one copy: see :func:`needs_the_device_alone`."""
+    return weight_bytes <= 0.4 * device_bytes
+
+
 def measure(model_name: str, variant_name: str, size: str, device: str, dtype: str) -> dict[str, Any]:
     """Compile ``variant_name`` on ``model_name`` in this process; the first call's cost and a normal call's."""
     (variant,) = select(variant_name, size, whole_model=False)
