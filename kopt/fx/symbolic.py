@@ -150,7 +150,9 @@ def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[ob
     symbolic = [v for v in fakes if is_symbolic(v)]
     if not symbolic:
         return _static_in_dynamo(real_args)
-    mode = fake_mode_of(symbolic)
+    # a graph whose only symbolic inputs are SymInts (the step-invariant stage of a dynamic graph: its
+    # tensors have fixed sizes, one input is a size) still has its placeholders' fakes in that mode
+    mode = fake_mode_of(symbolic) or fake_mode_of(fakes)
     examples: list[object] = []
     for fake, real in zip(fakes, real_args, strict=True):
         if isinstance(fake, SYMBOLIC_TYPES) or (isinstance(fake, FakeTensor) and fake.fake_mode is mode):
