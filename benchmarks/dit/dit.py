@@ -313,7 +313,9 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
                 "while the warm compile runs")
         state.model = None  # type: ignore[assignment]
         free_compiled_state(run.device)
-    result = in_fresh_process(name, variant.name, run.setup.size, str(run.device), run.args.dtype, timeout_s=left)
+    log = Path(run.args.out) / f"log-warm-{name}-{variant.name}{'-' + run.args.tag if run.args.tag else ''}.txt"
+    result = in_fresh_process(name, variant.name, run.setup.size, str(run.device), run.args.dtype, timeout_s=left,
+                              log=log)
     if alone:
         state = rebuild_model(run, state)
     if "error" in result:

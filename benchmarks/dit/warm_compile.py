@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -78,19 +79,27 @@ def measure(model_name: str, variant_name: str, size: str, device: str, dtype: s
 
 
 def in_fresh_process(model_name: str, variant_name: str, size: str, device: str, dtype: str,
-                     timeout_s: float) -> dict[str, Any]:
-    """:func:`measure` in a child process; ``{"error": why}`` if it fails or runs past ``timeout_s``."""
+                     timeout_s: float, log: Path | None = None) -> dict[str, Any]:
+    """:func:`measure` in a child process; ``{"error": why}`` if it fails or runs past ``timeout_s``.
+    ``log``: where the child's stderr goes (kopt's progress: what the warm compile spent its time on)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--model", model_name, "--variant", variant_name,
                "--size", size, "--device", device, "--dtype", dtype]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as timed_out:
+        _write_log(log, timed_out.stderr)
         return {"error": f"no result within {timeout_s:.0f} s"}
+    _write_log(log, done.stderr)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
         return {"error": f"exit {done.returncode}: {tail}"}
     return json.loads(lines[-1])
+
+
+def _write_log(path: Path | None, text: str | bytes | None) -> None:
+    if path is not None:
+        path.write_text(text.decode(errors="replace") if isinstance(text, bytes) else (text or ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     args = parser.parse_args(argv)
+    # kopt's progress (each pass, lowering, tuning) on stderr, timed from the process's start: the
+    # parent keeps it as log-warm-<model>-<variant>.txt
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[+%(relativeCreated)7.0f ms] %(name)s: %(message)s"))
+    kopt_log = logging.getLogger("kopt")
+    kopt_log.setLevel(logging.INFO)
+    kopt_log.addHandler(handler)
     print(json.dumps(measure(args.model, args.variant, args.size, args.device, args.dtype)), flush=True)
     return 0
 

@@ -32,12 +32,16 @@ def transposed_constant(node: object) -> torch.fx.Node | None:
 
 def add_constant(graph_module: torch.fx.GraphModule, stem: str, value: torch.Tensor,
                  before: torch.fx.Node) -> torch.fx.Node:
-    """Attach ``value`` to the module under a fresh name and return a ``get_attr`` node for it."""
+    """Attach ``value`` to the module under a fresh name and return a ``get_attr`` node for it.
+
+    Registered as a persistent buffer: Inductor's AOTAutograd cache keys a graph by pickling its
+    module's attributes, and the set of non-persistent buffer names pickles in string-hash order,
+    which changes from process to process, so every new process would miss that cache."""
     index = 0
     while hasattr(graph_module, f"{stem}{index}"):
         index += 1
     name = f"{stem}{index}"
-    graph_module.register_buffer(name, value, persistent=False)
+    graph_module.register_buffer(name, value)
     with graph_module.graph.inserting_before(before):
         node = graph_module.graph.get_attr(name)
     node.meta["val"] = FakeTensorMode(allow_non_fake_inputs=True).from_tensor(value)
