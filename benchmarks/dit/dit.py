@@ -317,7 +317,7 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
     result = in_fresh_process(name, variant.name, run.setup.size, str(run.device), run.args.dtype, timeout_s=left,
                               log=log)
     if alone:
-        state = rebuild_model(run, state)
+        state = rebuild_model(run, state, why="after the warm compile")
     if "error" in result:
         forward["notes"].append(f"warm compile failed: {result['error']}")
         run.log(f"  {name} {variant.name} warm compile failed: {result['error']}")
@@ -390,7 +390,7 @@ def weights_fingerprint(model: torch.nn.Module) -> torch.Tensor:
         return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()
 
 
-def rebuild_model(run: Run, state: ModelState) -> ModelState:
+def rebuild_model(run: Run, state: ModelState, why: str = "for the next model-changing variant") -> ModelState:
     """The model built again from the same seed, after a variant changed or released its weights (FP8,
     as kopt's FP8 does by default): the references and eager outputs stay valid because the weights are
     the same, which the fingerprint checks."""
@@ -401,7 +401,7 @@ def rebuild_model(run: Run, state: ModelState) -> ModelState:
     model = state.workload.model(run.setup.size, device=run.device, dtype=run.setup.dtype)
     if not torch.equal(weights_fingerprint(model), state.fingerprint):
         raise RuntimeError(f"{state.name} built again from seed 0 has other weights: its references do not apply")
-    run.log(f"{state.name}: built again for the next model-changing variant in {time.perf_counter() - start:.1f} s, "
+    run.log(f"{state.name}: built again {why} in {time.perf_counter() - start:.1f} s, "
             f"allocated {allocated_gb(run.device)} GB")
     return dataclasses.replace(state, model=model)
 
