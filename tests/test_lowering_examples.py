@@ -44,6 +44,23 @@ def test_a_graph_whose_only_symbol_is_a_size_input_gets_static_fakes_of_its_mode
     assert set(shape_env.var_to_val) == symbols_before
 
 
+def test_a_constant_faked_in_a_mode_of_its_own_does_not_decide_the_mode():
+    """A pass that adds a constant fakes it in a throwaway mode; made an input, its placeholder comes
+    first here, and the graph's sizes still belong to the mode of the symbols."""
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    n = shape_env.create_symintnode(shape_env.create_symbol(6, ConstantSource("n")), hint=6)
+    x, w = torch.randn(8, 6), torch.randn(6, 5)
+    graph_module = _graph_with_a_size_input(mode, n, x, w)
+    first = next(iter(graph_module.graph.nodes))
+    first.meta["val"] = FakeTensorMode(allow_non_fake_inputs=True).from_tensor(x)  # the throwaway mode
+
+    examples = lowering_examples(graph_module, [x, n, w])
+
+    assert all(isinstance(examples[i], FakeTensor) and examples[i].fake_mode is mode for i in (0, 2)), examples
+    assert [tuple(examples[i].shape) for i in (0, 2)] == [(8, 6), (6, 5)]
+
+
 def test_a_static_graph_outside_dynamo_gets_its_real_inputs():
     x, w = torch.randn(8, 6), torch.randn(6, 5)
     mode = FakeTensorMode()

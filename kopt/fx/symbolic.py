@@ -150,9 +150,7 @@ def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[ob
     symbolic = [v for v in fakes if is_symbolic(v)]
     if not symbolic:
         return _static_in_dynamo(real_args)
-    # a graph whose only symbolic inputs are SymInts (the step-invariant stage of a dynamic graph: its
-    # tensors have fixed sizes, one input is a size) still has its placeholders' fakes in that mode
-    mode = fake_mode_of(symbolic) or fake_mode_of(fakes)
+    mode = fake_mode_of(symbolic) or _mode_of_symbols(symbolic, fakes)
     examples: list[object] = []
     for fake, real in zip(fakes, real_args, strict=True):
         if isinstance(fake, SYMBOLIC_TYPES) or (isinstance(fake, FakeTensor) and fake.fake_mode is mode):
@@ -162,6 +160,17 @@ def lowering_examples(graph_module: torch.fx.GraphModule, real_args: Sequence[ob
         else:
             examples.append(real)
     return examples
+
+
+def _mode_of_symbols(symbolic: Sequence[object], fakes: Sequence[object]) -> FakeTensorMode | None:
+    """The fake mode of a graph whose only symbolic inputs are sizes (SymInts: the step-invariant
+    stage of a dynamic graph, whose tensors have fixed sizes): the mode, among its placeholders'
+    fakes or the tracing context's, whose shape env holds those symbols. A fake of another mode (a
+    constant's, made when a pass added it) would leave the sizes' symbols foreign to Inductor."""
+    shape_env = next((v.node.shape_env for v in symbolic if isinstance(v, SYMBOLIC_TYPES)), None)
+    context = torch._guards.TracingContext.try_get()
+    candidates = [v.fake_mode for v in fakes if isinstance(v, FakeTensor)] + [getattr(context, "fake_mode", None)]
+    return next((m for m in candidates if m is not None and m.shape_env is shape_env and shape_env is not None), None)
 
 
 def _static_in_dynamo(real_args: Sequence[object]) -> list[object]:
