@@ -103,8 +103,9 @@ class PipelineSelect(Pass):
     why = "chooses which passes run; each chosen pass keeps its own contract (ChosenPass)"
     contract = Contract.exact()
 
-    def __init__(self, path: Path, choices: Mapping[str, tuple[Any, Any]]) -> None:
-        self.path, self.choices = Path(path), dict(choices)
+    def __init__(self, path: Path | None, choices: Mapping[str, tuple[Any, Any]]) -> None:
+        # path None: the choices come from the caller, who checks the outputs (the agent's own A/B)
+        self.path, self.choices = (Path(path) if path is not None else None), dict(choices)
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         from kopt.agent.pipeline_choice import from_candidate, graph_signature
@@ -114,7 +115,7 @@ class PipelineSelect(Pass):
         if signature not in self.choices:
             return
         candidate, record = self.choices[signature]
-        reason = _reverify(self.path, graph_module, candidate, record)
+        reason = _reverify(self.path, graph_module, candidate, record) if self.path is not None else None
         if reason is not None:
             ctx.decline(RULE, f"graph {signature[:12]}", f"KB pipeline choice {candidate.content_hash[:12]} failed "
                                                          f"re-verification: {reason}")
@@ -123,12 +124,17 @@ class PipelineSelect(Pass):
         choice = from_candidate(candidate)
         if choice.inductor:  # lowered with its patches (checked by kopt's lowering check on first use)
             graph_module.meta[INDUCTOR_PATCHES_KEY] = choice.inductor_patches
-        ctx.notes.append(f"graph {signature[:12]}: KB pipeline choice re-verified: {choice.change}"
-                         f"{' on top of ' + choice.on_top_of if choice.on_top_of else ''} ({record.reason[:80]})")
+        on_top = f" on top of {choice.on_top_of}" if choice.on_top_of else ""
+        if record is None:
+            ctx.notes.append(f"graph {signature[:12]}: pipeline choice: {choice.change}{on_top}")
+            return
+        ctx.notes.append(f"graph {signature[:12]}: KB pipeline choice re-verified: {choice.change}{on_top} "
+                         f"({record.reason[:80]})")
 
 
-def switched(base: Sequence[Pass], choices: Mapping[str, tuple[Any, Any]], path: Path) -> list[Pass]:
-    """``base`` as :class:`ChosenPass` es with every choice's passes merged in, after :class:`PipelineSelect`."""
+def switched(base: Sequence[Pass], choices: Mapping[str, tuple[Any, Any]], path: Path | None) -> list[Pass]:
+    """``base`` as :class:`ChosenPass` es with every choice's passes merged in, after :class:`PipelineSelect`
+    (``path`` None: the choices are not verified again; the caller checks the outputs)."""
     from kopt.agent.pipeline_choice import from_candidate
 
     pipelines: dict[str | None, list[Pass]] = {None: list(base)}

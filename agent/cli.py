@@ -48,7 +48,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                       seed=args.seed, clock="cost-model" if args.cost_model else None, model_name=workload.name,
                       max_candidates=args.max_candidates, progress=args.progress,
                       lower=args.lower or ("inductor" if args.size == "full" else "eager"),
-                      micro=args.micro, pipelines=args.pipelines, workers=args.workers, executor=args.executor)
+                      micro=args.micro, pipelines=args.pipelines, workers=args.workers, executor=args.executor,
+                      regional=args.regional)
     print(result.table())
     plot = result.plot(Path(args.plot))
     print(f"plot: {plot}\nknowledge base: {result.kb_path}")
@@ -87,6 +88,9 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
                               "or N; beyond one, candidates are verified ahead of the serial timing")
     command.add_argument("--executor", choices=["local", "ray"], default="local",
                          help="where workers run: local processes, or Ray tasks (pip install 'kopt[ray]')")
+    command.add_argument("--regional", action=argparse.BooleanOptionalAction, default=None,
+                         help="one graph per repeated block class, timed as kopt.compile(regional=True) runs the "
+                              "whole forward (default: with --lower inductor when the model has repeated blocks)")
     command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
     command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)

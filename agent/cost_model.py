@@ -107,13 +107,14 @@ class CostModel:
         total = 0.0
         for graph in graphs:
             module, found = rewritten.get(graph.index, (graph.graph_module, None))
-            total += self.graph_s(module)
+            seconds = self.graph_s(module)
             if found is None:
                 found = [o for o in occurrences if o.graph_index == graph.index]
             for occurrence in found:
                 candidate = chosen.get(occurrence.region.signature)
                 if candidate is not None and candidate.kind is not CandidateKind.PASS_CHOICE:
-                    total += self.candidate_s(occurrence, candidate) - self.occurrence_s(occurrence)
+                    seconds += self.candidate_s(occurrence, candidate) - self.occurrence_s(occurrence)
+            total += seconds * getattr(graph, "calls", 1)  # a block class's graph runs once per block
         return total
 
 
@@ -172,7 +173,9 @@ def modelled_profile(graphs: Sequence[Any], occurrences: Sequence[Any], model: C
     grouped: dict[str, list[Any]] = {}
     for occurrence in occurrences:
         grouped.setdefault(occurrence.region.signature, []).append(occurrence)
-    regions = [RegionProfile(found[0].region, len(found), sum(model.occurrence_s(o) for o in found),
+    calls = {g.index: getattr(g, "calls", 1) for g in graphs}
+    regions = [RegionProfile(found[0].region, sum(calls.get(o.graph_index, 1) for o in found),
+                             sum(model.occurrence_s(o) * calls.get(o.graph_index, 1) for o in found),
                              region_floor(found[0].region, model.ceilings)) for found in grouped.values()]
-    total = sum(model.graph_s(g.graph_module) for g in graphs)
+    total = sum(model.graph_s(g.graph_module) * calls[g.index] for g in graphs)
     return Profile(tuple(rank(regions)), total, model.ceilings, "cost-model")

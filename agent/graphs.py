@@ -6,6 +6,12 @@ base's rewrites are applied (:mod:`kopt.agent.apply`): after every pass of ``pas
 valid). :func:`capture_graphs` runs the model once through a dynamo backend of its own that captures
 each graph exactly like kopt's backend (:func:`kopt.fx.capture.capture`), runs those passes, keeps
 the graph with the real arguments of that call, and runs the original graph (nothing is lowered).
+
+``regional=True`` captures as ``kopt.compile(regional=True)`` does (:mod:`kopt.regional`): dynamo
+on each repeated block, so one graph per block class (with the first instance's weights and
+arguments) and ``calls``, how many times the forward runs it; the code between blocks runs eagerly
+and is no graph. The graphs, their signatures and their regions are then those the regional
+compile's passes see, which is where the knowledge base's findings apply.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class ProbedGraph:
     args: list[Any]
     index: int
     original: torch.fx.GraphModule | None = None
+    calls: int = 1  # how many times one call of the model runs this graph (a block class: once per block)
     _signature: str | None = dataclasses.field(default=None, repr=False)
     choice_graphs: dict[str, torch.fx.GraphModule] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -56,16 +63,18 @@ def call(model: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any]) -
 
 
 def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
-                   passes: Sequence[Pass] | None = None) -> list[ProbedGraph]:
+                   passes: Sequence[Pass] | None = None, *, regional: bool = False) -> list[ProbedGraph]:
     """Every graph dynamo finds in one call of ``model``, captured and rewritten by ``passes``
-    (default :func:`passes_before_staging`), with the call's real user arguments."""
+    (default :func:`passes_before_staging`), with the call's real user arguments; ``regional``: one
+    graph per repeated block class instead (module docstring)."""
     from kopt.agent.pipeline_choice import structural_copy
     from kopt.dynamo_cache import compile_isolated
     from kopt.passes.manager import run_passes
+    from kopt.regional import compile_blocks, uncompile_blocks
 
     found: list[ProbedGraph] = []
     passes = list(passes_before_staging() if passes is None else passes)
-    names = _argument_names(model)
+    names = () if regional else _argument_names(model)  # as kopt's regional backend names block inputs
 
     def backend(dynamo_graph: torch.fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
         placeholders = [n for n in dynamo_graph.graph.nodes if n.op == "placeholder"]
@@ -73,12 +82,24 @@ def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mappi
         captured = capture(dynamo_graph, example, roles, in_dynamo=True)
         original = structural_copy(captured.graph_module)
         run_passes(captured.graph_module, passes, graph_index=len(found))
-        found.append(ProbedGraph(captured.graph_module, list(captured.user_args(example)), len(found), original))
-        return dynamo_graph.forward
+        probed = ProbedGraph(captured.graph_module, list(captured.user_args(example)), len(found), original, calls=0)
+        found.append(probed)
 
-    compiled = compile_isolated(model, backend, fullgraph=False, dynamic=False)
+        def counted(*args: Any) -> Any:
+            probed.calls += 1
+            return dynamo_graph.forward(*args)
+
+        return counted
+
     with torch.no_grad():
-        call(compiled, example_inputs)
+        if regional:
+            compile_blocks(model, backend, dynamic=False)
+            try:
+                call(model, example_inputs)
+            finally:
+                uncompile_blocks(model)
+        else:
+            call(compile_isolated(model, backend, fullgraph=False, dynamic=False), example_inputs)
     return found
 
 

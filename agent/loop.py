@@ -180,6 +180,20 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
     return Evaluation(candidate, status, result.reason, verdict, result, micro=measured)
 
 
+def wants_regional(model: Any, regional: bool | None, lower: str, clock: Any) -> bool:
+    """Whether :func:`optimize` works regionally (its ``regional`` argument); True on a model without
+    repeated blocks raises, saying so."""
+    from kopt.regional import repeated_blocks
+
+    blocks = isinstance(model, torch.nn.Module) and bool(repeated_blocks(model))
+    if regional is None:
+        return blocks and lower == "inductor" and clock is None
+    if regional and not blocks:
+        raise ValueError(f"regional=True: {type(model).__name__} declares no _repeated_blocks and has no "
+                         "nn.ModuleList of blocks; optimize it whole (regional=False)")
+    return regional
+
+
 def overrun(evaluations: Sequence[Any], deadline: float, now: float) -> float | None:
     """The seconds an end-to-end evaluation takes (median of those so far) when fewer are left before
     ``deadline``, else None. Why the median of the end-to-end ones: they dominate a run (a whole-model
@@ -197,7 +211,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
              verify_config: VerifyConfig | None = None, bench_config: BenchConfig | None = None,
              model_name: str | None = None, max_candidates: int | None = None, llm: Any = None,
              progress: bool | None = None, micro: bool = True, lower: str = "eager", fp8: Any = None,
-             pipelines: bool = True, workers: int | str = AUTO, executor: str = "local") -> OptimizeResult:
+             pipelines: bool = True, workers: int | str = AUTO, executor: str = "local",
+             regional: bool | None = None) -> OptimizeResult:
     """Find, prove and keep rewrites for ``model`` within ``budget_min`` minutes (module docstring).
 
     Args:
@@ -221,6 +236,12 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
             verifying inline as before); a count asks for that many (on the CPU, or over the GPUs).
         executor: ``"local"`` (worker processes on this machine driving the sandbox) or ``"ray"`` (Ray tasks;
             ``pip install 'kopt[ray]'``; a running Ray or ``RAY_ADDRESS`` is used, else a local one).
+        regional: work on one graph per repeated block class and time the whole forward compiled as
+            ``kopt.compile(regional=True)`` compiles it (:class:`kopt.agent.regional_clock.RegionalClock`):
+            a candidate costs the compile of a few blocks, not of the model. What is accepted is
+            keyed by the block graphs, so ``kopt.compile(..., regional=True)`` is what applies it.
+            None (default): when ``lower="inductor"``, no clock is given and the model has repeated
+            blocks (:func:`kopt.regional.repeated_blocks`); False: capture and time the whole model.
     """
     if proposer not in PROPOSERS:
         raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
@@ -228,9 +249,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
     deadline = started + budget_min * 60
     verify_config = verify_config or VerifyConfig(seed=seed)
     bench_config = bench_config or BenchConfig(seed=seed)
+    regional = wants_regional(model, regional, lower, clock)
     with show_progress(progress), KnowledgeBase(kb_path) as kb:
-        log.info("agent: capturing %s", model_name or type(model).__name__)
-        graphs = capture_graphs(model, example_inputs)
+        log.info("agent: capturing %s%s", model_name or type(model).__name__,
+                 " one graph per repeated block class" if regional else "")
+        graphs = capture_graphs(model, example_inputs, regional=regional)
         occurrences = [o for g in graphs for o in find_occurrences(g.graph_module, g.index, model=model_name)]
         log.info("agent: profiling %d region occurrences in %d graph(s)", len(occurrences), len(graphs))
         profile = profile_graphs(graphs, occurrences)
@@ -239,6 +262,10 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
 
             clock = CostModelClock(graphs, occurrences, seed=seed)
             profile = modelled_profile(graphs, occurrences, clock.model)  # rank as the clock judges
+        if clock is None and regional:
+            from kopt.agent.regional_clock import RegionalClock
+
+            clock = RegionalClock(model, example_inputs, lower=lower)
         clock = clock or WallClock(graphs, lower=lower)
         environment = kb.record_environment(current_environment())
         regions = {o.region.signature: o.region for o in occurrences}
@@ -259,8 +286,10 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         if timing.device != "cpu" and verify_config.device == "cpu":  # generated kernels verify compiled
             verify_config = dataclasses.replace(verify_config, device=timing.device)
         counts: dict[str, int] = {}
-        for occurrence in occurrences:
-            counts[occurrence.region.signature] = counts.get(occurrence.region.signature, 0) + 1
+        calls = {g.index: g.calls for g in graphs}
+        for occurrence in occurrences:  # per model call: a block class's graph runs once per block
+            signature = occurrence.region.signature
+            counts[signature] = counts.get(signature, 0) + calls[occurrence.graph_index]
         bench = MicroBench(clock, verify_config, min_gain=bench_config.min_gain, seed=seed,
                            timing=timing, occurrences=counts) if micro else None
         accepted = _resume(kb, list(regions), environment)
@@ -338,5 +367,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         finally:
             if pool:
                 stream.close()
+            if hasattr(clock, "close"):  # a regional clock gives the model back uncompiled
+                clock.close()
     return OptimizeResult(profile, evaluations, accepted, resumed, skipped, Path(kb.path), graphs, occurrences, clock,
                           time.monotonic() - started, stopped, pool_text, list(stream.events) if pool else [])

@@ -142,7 +142,8 @@ def _measure(graphs: Sequence[Any], labels: dict[int, dict[torch.fx.Node, str]],
         with profile(activities=activities) as prof:
             for _ in range(repeats):
                 for runner, graph in zip(runners, graphs, strict=True):
-                    runner.run(*graph.args)
+                    for _ in range(graph.calls):  # a block class's graph: once per block
+                        runner.run(*graph.args)
                 if cuda:
                     torch.cuda.synchronize(device)
         wall = (time.perf_counter() - start) / repeats
@@ -160,7 +161,8 @@ def _attribute(graphs: Sequence[Any], occurrences: Sequence[Occurrence], labels:
     by_signature: dict[str, list[tuple[Occurrence, float]]] = {}
     for k, occurrence in enumerate(occurrences):
         by_signature.setdefault(occurrence.region.signature, []).append((occurrence, per_label.get(f"{LABEL}{k}", 0.0)))
-    regions = [RegionProfile(found[0][0].region, len(found), sum(t for _, t in found),
+    calls = {g.index: g.calls for g in graphs}
+    regions = [RegionProfile(found[0][0].region, sum(calls[o.graph_index] for o, _ in found), sum(t for _, t in found),
                              region_floor(found[0][0].region, ceilings)) for found in by_signature.values()]
     return Profile(tuple(rank(regions)), wall, ceilings, "device" if cuda else "cpu")
 

@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lower", default="inductor", choices=["inductor", "eager"],
                         help="how the end-to-end A/B runs the graphs (inductor: what kopt.compile users get)")
+    parser.add_argument("--regional", action=argparse.BooleanOptionalAction, default=None,
+                        help="one graph per block class, each side compiled as kopt.compile(regional=True) "
+                             "(default: when the model has repeated blocks)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the results (default $OUT/benchmarks/results)")
     args = parser.parse_args()
@@ -46,12 +49,16 @@ def main() -> None:
     inputs = workload.inputs("full", device="cuda", dtype=torch.bfloat16, seed=args.seed)
     started = time.time()
     result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=kb,
-                      seed=args.seed, model_name=workload.name, progress=True, lower=args.lower)
+                      seed=args.seed, model_name=workload.name, progress=True, lower=args.lower,
+                      regional=args.regional)
     stem = f"agent_{workload.name.replace(':', '_')}"
     result.plot(out / f"{stem}.png")
     environment = current_environment()
     data = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer,
             "environment": environment.to_dict(), "clock": result.clock.name, "kb": str(kb),
+            "graphs": [{"index": g.index, "calls": g.calls, "nodes": len(g.graph_module.graph.nodes)}
+                       for g in result.graphs],
+            "side_build_s": list(getattr(result.clock, "build_seconds", [])),
             "wall_s": time.time() - started, "skipped": result.skipped, "resumed": sorted(result.resumed),
             "profile": [{"region": r.region.signature, "occurrences": r.occurrences, "seconds": r.seconds,
                          "floor_s": r.floor.seconds, "bound": r.floor.bound} for r in result.profile.regions],

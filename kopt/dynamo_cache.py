@@ -20,6 +20,7 @@ compiled instance of the class). Instead:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import types
@@ -65,3 +66,26 @@ def compile_isolated(module: torch.nn.Module, backend: Callable[..., Any], *, fu
                              isolate_recompiles=True)
     compiled = torch.compile(_fresh_caller(module), backend=backend, fullgraph=fullgraph, dynamic=dynamic)
     return _CallerModule(module, compiled)
+
+
+def _call_block(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return self._call_impl(*args, **kwargs)
+
+
+def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[..., Any], *, fullgraph: bool,
+                            dynamic: bool | None) -> None:
+    """Compile ``blocks`` as ``nn.Module.compile`` would, with dynamo cache state of their own.
+
+    ``nn.Module.compile`` compiles ``_call_impl``, whose frame dynamo skips, so the cache is that of
+    each block class's ``forward``: shared by every compilation of the class in the process, and the
+    9th regional compile of a model found the recompile limit used up and ran eagerly. Here one
+    ``torch.compile`` of a function with a new code object serves every block (each block calls it
+    with itself as the first argument): its cache belongs to this compilation, and one block's graph
+    still serves the others of its class, since under ``inline_inbuilt_nn_modules`` a block is an
+    input of the frame, guarded by type and parameter shapes, not by identity."""
+    code = _call_block.__code__.replace(co_name=f"kopt_blocks_{next(_serial)}")
+    caller = types.FunctionType(code, _call_block.__globals__, code.co_name)
+    options = {"isolate_recompiles": True} if ISOLATES_RECOMPILES else {}  # frames below a graph break too
+    compiled = torch.compile(caller, backend=backend, fullgraph=fullgraph, dynamic=dynamic, **options)
+    for block in blocks:
+        block._compiled_call_impl = functools.partial(compiled, block)

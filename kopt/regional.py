@@ -30,6 +30,7 @@ from typing import Any
 from torch import nn
 
 from kopt.config import WeightChange
+from kopt.dynamo_cache import compile_blocks_isolated
 from kopt.errors import kopt_errors_unwrapped
 from kopt.forward_replay import ForwardReplay
 from kopt.release import Release
@@ -54,15 +55,23 @@ def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
 
 
 def compile_blocks(model: nn.Module, backend: Callable[..., Any], *, fullgraph: bool = False,
-                   dynamic: bool | None = None) -> list[str]:
+                   dynamic: bool | None = None, isolate: bool = True) -> list[str]:
     """``torch.compile`` each repeated block of ``model`` in place with ``backend``; the block class
-    names, sorted. Raises ValueError when the model has no repeated blocks."""
+    names, sorted. Raises ValueError when the model has no repeated blocks.
+
+    ``isolate`` (default): the blocks get dynamo cache state of this compilation's own
+    (:func:`kopt.dynamo_cache.compile_blocks_isolated`), so compiling a model again never inherits
+    the recompile limit of earlier compilations; False: ``nn.Module.compile`` on each block, exactly
+    as diffusers' ``compile_repeated_blocks()`` does (the benchmarks' baseline)."""
     blocks = repeated_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no nn.ModuleList of "
                          "blocks: compile it whole (regional=False)")
-    for block in blocks:
-        block.compile(backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+    if isolate:
+        compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
+    else:
+        for block in blocks:
+            block.compile(backend=backend, fullgraph=fullgraph, dynamic=dynamic)
     return sorted({type(block).__name__ for block in blocks})
 
 

@@ -37,3 +37,40 @@ def test_one_graph_per_block_class_serves_every_block_with_its_own_weights(name)
 def test_a_model_without_repeated_blocks_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="no _repeated_blocks"):
         kopt.compile(torch.nn.Linear(4, 4), regional=True)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_compiling_the_same_model_again_and_again_never_runs_eagerly():
+    # nn.Module.compile shares the block class's dynamo cache across compilations: the 9th found the
+    # recompile limit (8) used up and ran the blocks eagerly, with no graph and no warning
+    model = _Stack().eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        want = model.double()(x.double()).float()
+    model.float()
+    for _ in range(10):
+        compiled = kopt.compile(model, regional=True, lower="eager", progress=False)
+        with torch.no_grad():
+            got = compiled(x)
+        assert len(compiled.kopt_report.graphs) == 1  # one graph serves the three blocks, every time
+        assert rel_err(got, want) < 1e-5
+        compiled.undo()

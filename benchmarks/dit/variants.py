@@ -84,7 +84,7 @@ def compile_regions(model: nn.Module, backend: Any = None) -> str:
     PixArt, transformers LLMs, ..., the items of each outermost ModuleList)."""
     from kopt.regional import compile_blocks
 
-    names = ", ".join(compile_blocks(model, backend if backend is not None else "inductor"))
+    names = ", ".join(compile_blocks(model, backend if backend is not None else "inductor", isolate=False))
     declared = bool(getattr(model, "_repeated_blocks", None))
     return names if declared else f"{names} (ModuleList items: the model declares no _repeated_blocks)"
 

@@ -47,3 +47,25 @@ class TinyAttentionBlock(nn.Module):
 def tiny_attention_block(width: int = 32, seq: int = 24, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(seed)
     return TinyAttentionBlock(width).eval(), (torch.randn(2, seq, width),)
+
+
+class TinyBlockStack(nn.Module):
+    """Three :class:`TinyAttentionBlock` s in a ModuleList between an input projection and a final
+    norm: what regional capture sees as one block class run three times, with code between."""
+
+    def __init__(self, width: int = 32, blocks: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.blocks = nn.ModuleList([TinyAttentionBlock(width) for _ in range(blocks)])
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+
+def tiny_block_stack(width: int = 32, seq: int = 24, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(seed)
+    return TinyBlockStack(width).eval(), (torch.randn(2, seq, width),)

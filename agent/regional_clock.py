@@ -1,0 +1,172 @@
+"""End-to-end time of the whole forward compiled regionally, as the user runs it: the agent's GPU clock.
+
+:class:`kopt.agent.bench.WallClock` times the captured graphs of a whole-model capture: every
+candidate set means lowering the whole model again (55 s on LTX-Video, 259 s with GEMM autotuning),
+so a 20-minute run measured three candidates. :class:`RegionalClock` times what
+``kopt.compile(model, regional=True)`` gives the user instead: each side of an A/B is that compile
+of the model, with the candidate set applied by the passes exactly where the knowledge base's
+findings apply later (:mod:`kopt.agent.auto`: region candidates before ``staging``, a pipeline
+choice by the signature of the block graph before passes), and every sample is one call of the
+model's forward, replayed from one CUDA graph when CUDA graphs are on (:mod:`kopt.forward_replay`),
+the code between blocks included. A side lowers one graph per block class: seconds, not minutes.
+
+Why two sides can share one module: a regional compile sets each block's ``_compiled_call_impl``;
+each side keeps the ones it set and puts them back before each of its calls (:meth:`_Side.activate`),
+and each has dynamo cache state of its own (:func:`kopt.dynamo_cache.compile_blocks_isolated`).
+Sides never change the module's weights: derived constants are copies (``share_weights=False``),
+nothing is released (``release_weights=False``), and weights are not watched (``on_weight_change=
+"ignore"``: the A/B changes no weight, and a per-call checksum would only add the same work to both
+sides). Kopt's lowering check is off: the loop checks every candidate's outputs itself
+(:func:`kopt.agent.bench.quality`), as lowered when a choice patches the lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from kopt.agent.candidate import Candidate, CandidateKind
+from kopt.agent.graphs import call
+
+log = logging.getLogger("kopt")
+
+
+def side_passes(chosen: Mapping[str, Candidate]) -> list[Any]:
+    """``passes="auto"`` with ``chosen`` applied: pipeline choices switched per block graph
+    (:func:`kopt.agent.auto_pipeline.switched`), region candidates right before ``staging``."""
+    from kopt.agent.apply import ApplyCandidates
+    from kopt.agent.auto_pipeline import switched
+    from kopt.passes.pipeline import default_pipeline
+
+    passes: list[Any] = list(default_pipeline())
+    choices = {s: (c, None) for s, c in chosen.items() if c.kind is CandidateKind.PASS_CHOICE}
+    if choices:
+        passes = switched(passes, choices, None)
+    regions = {s: c for s, c in chosen.items() if c.kind is not CandidateKind.PASS_CHOICE}
+    if regions:
+        names = [p.name for p in passes]
+        at = names.index("staging") if "staging" in names else len(passes)
+        passes.insert(at, ApplyCandidates(regions))
+    return passes
+
+
+@dataclasses.dataclass
+class _Side:
+    """One compile of the model with one candidate set, and the blocks' compiled calls it set."""
+
+    compiled: Any
+    calls: dict[torch.nn.Module, Any]
+
+    def activate(self) -> None:
+        for block, compiled_call in self.calls.items():
+            block._compiled_call_impl = compiled_call
+
+    def dispose(self) -> None:
+        self.compiled._kopt_backend.dispose()
+        self.compiled._replay = None  # its recording and memory pool
+        self.calls.clear()
+
+
+@dataclasses.dataclass
+class RegionalClock:
+    """Real time per call of ``model``'s forward compiled regionally with a candidate set (module docstring).
+
+    ``lower``: ``"inductor"`` (what a GPU number must use) or ``"eager"`` (CPU tests); ``replay``:
+    CUDA-graph replay of the whole forward (default: on a GPU with Inductor)."""
+
+    model: torch.nn.Module
+    inputs: Sequence[Any] | Mapping[str, Any]
+    lower: str = "inductor"
+    replay: bool | None = None
+    name: str = "wall-regional"
+
+    def __post_init__(self) -> None:
+        if self.lower not in ("eager", "inductor"):
+            raise ValueError(f"lower must be 'eager' or 'inductor', got {self.lower!r}")
+        values = self.inputs.values() if isinstance(self.inputs, Mapping) else self.inputs
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        self.device = device
+        if self.replay is None:
+            self.replay = device.type == "cuda" and self.lower == "inductor"
+        elif self.replay and device.type != "cuda":
+            raise ValueError("replay=True needs inputs on a CUDA device")
+        suffix = "-inductor-graphs" if self.replay else f"-{self.lower}"
+        if self.name == "wall-regional":
+            self.name += suffix
+        self._sides: dict[tuple[str, ...], _Side] = {}
+        self.unreplayed: dict[tuple[str, ...], str] = {}  # key -> why that side runs as plain calls
+        self.build_seconds: list[float] = []  # compile + warm-up + recording, per side built
+
+    @staticmethod
+    def _key(chosen: Mapping[str, Candidate]) -> tuple[str, ...]:
+        return tuple(sorted(c.content_hash for c in chosen.values()))
+
+    def _side(self, chosen: Mapping[str, Candidate]) -> _Side:
+        key = self._key(chosen)
+        if key in self._sides:
+            self._sides[key] = self._sides.pop(key)  # most recently used last
+            return self._sides[key]
+        while len(self._sides) >= 2:  # an A/B needs two; the baseline, timed in every pair, stays
+            evicted = self._sides.pop(next(iter(self._sides)))
+            evicted.dispose()
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self._sides[key] = side = self._build(chosen, key)
+        return side
+
+    def _build(self, chosen: Mapping[str, Candidate], key: tuple[str, ...]) -> _Side:
+        import kopt
+        from kopt.regional import repeated_blocks
+
+        began = time.perf_counter()
+        compiled = kopt.compile(self.model, passes=side_passes(chosen), regional=True, lower=self.lower,
+                                cuda_graphs=self.replay, check_lowering=False, kb=False, release_weights=False,
+                                share_weights=False, on_weight_change="ignore", progress=False)
+        side = _Side(compiled, {b: b._compiled_call_impl for b in repeated_blocks(self.model)})
+        with torch.no_grad():
+            for _ in range(4):  # compile, warm up twice, record, replay (kopt.forward_replay)
+                call(compiled, self.inputs)
+        if self.replay:
+            replay = compiled._replay
+            disabled = replay.stats.disabled if replay is not None else "no whole-forward replay"
+            if disabled is not None:
+                self.unreplayed[key] = disabled
+                log.warning("agent: timing one side without whole-forward replay: %s", disabled)
+        self.build_seconds.append(time.perf_counter() - began)
+        log.info("agent: compiled one side regionally in %.1f s", self.build_seconds[-1])
+        return side
+
+    def report(self, chosen: Mapping[str, Candidate]) -> Any:
+        """The kopt report of the side compiled with ``chosen`` (built if needed): which rewrites fired."""
+        return self._side(chosen).compiled.kopt_report
+
+    def time_once(self, chosen: Mapping[str, Candidate]) -> float:
+        side = self._side(chosen)
+        side.activate()
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        with torch.no_grad():
+            sync()
+            start = time.perf_counter()
+            call(side.compiled, self.inputs)
+            sync()
+        return time.perf_counter() - start
+
+    def samples(self, chosen: Mapping[str, Candidate], count: int, stream: int) -> list[float]:
+        return [self.time_once(chosen) for _ in range(count)]
+
+    def close(self) -> None:
+        """Drop every side and give the model back with its blocks uncompiled."""
+        from kopt.regional import uncompile_blocks
+
+        for side in self._sides.values():
+            side.dispose()
+        self._sides.clear()
+        uncompile_blocks(self.model)
+        gc.collect()
