@@ -30,6 +30,12 @@ def _workers(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _fp8_config() -> object:
+    from kopt.fp8.config import Fp8Config
+
+    return Fp8Config()
+
+
 def _cmd_optimize(args: argparse.Namespace) -> int:
     _interpreted_triton()
     import torch
@@ -49,7 +55,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                       max_candidates=args.max_candidates, progress=args.progress,
                       lower=args.lower or ("inductor" if args.size == "full" else "eager"),
                       micro=args.micro, pipelines=args.pipelines, workers=args.workers, executor=args.executor,
-                      regional=args.regional)
+                      regional=args.regional, fp8=_fp8_config() if args.fp8 else None)
     print(result.table())
     plot = result.plot(Path(args.plot))
     print(f"plot: {plot}\nknowledge base: {result.kb_path}")
@@ -88,6 +94,9 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
                               "or N; beyond one, candidates are verified ahead of the serial timing")
     command.add_argument("--executor", choices=["local", "ray"], default="local",
                          help="where workers run: local processes, or Ray tasks (pip install 'kopt[ray]')")
+    command.add_argument("--fp8", action="store_true",
+                         help="also propose FP8 pipelines per scale granularity and FP8 attention, each judged "
+                              "against kopt.fp8.Fp8Config()'s quality gate")
     command.add_argument("--regional", action=argparse.BooleanOptionalAction, default=None,
                          help="one graph per repeated block class, timed as kopt.compile(regional=True) runs the "
                               "whole forward (default: with --lower inductor when the model has repeated blocks)")

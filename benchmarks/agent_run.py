@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--regional", action=argparse.BooleanOptionalAction, default=None,
                         help="one graph per block class, each side compiled as kopt.compile(regional=True) "
                              "(default: when the model has repeated blocks)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="also propose FP8 pipelines (kopt.fp8.Fp8Config(): its quality gate is the contract)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the results (default $OUT/benchmarks/results)")
     args = parser.parse_args()
@@ -47,14 +49,19 @@ def main() -> None:
     workload = get_workload(args.workload)
     model = workload.model("full", device="cuda", dtype=torch.bfloat16)
     inputs = workload.inputs("full", device="cuda", dtype=torch.bfloat16, seed=args.seed)
+    fp8 = None
+    if args.fp8:
+        from kopt.fp8.config import Fp8Config
+
+        fp8 = Fp8Config()
     started = time.time()
     result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=kb,
                       seed=args.seed, model_name=workload.name, progress=True, lower=args.lower,
-                      regional=args.regional)
+                      regional=args.regional, fp8=fp8)
     stem = f"agent_{workload.name.replace(':', '_')}"
     result.plot(out / f"{stem}.png")
     environment = current_environment()
-    data = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer,
+    data = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer, "fp8": args.fp8,
             "environment": environment.to_dict(), "clock": result.clock.name, "kb": str(kb),
             "graphs": [{"index": g.index, "calls": g.calls, "nodes": len(g.graph_module.graph.nodes)}
                        for g in result.graphs],

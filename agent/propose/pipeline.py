@@ -95,19 +95,24 @@ def lowering_choices(base: Sequence[str], device: str) -> list[PipelineChoice]:
 
 
 def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
-    """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity."""
+    """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity and,
+    when the config leaves attention in bf16, at its own granularity with FP8 attention too: the
+    config is the user's contract (its quality gate), and each choice is judged against it, so the
+    agent may run attention in FP8 only where the model's output still meets it."""
     from kopt.fp8.config import Granularity
     from kopt.passes.pipeline import default_pipeline, fp8_pipeline, resolve
 
     auto = tuple(base) == tuple(p.name for p in default_pipeline())
+    configs = [(dataclasses.replace(fp8, granularity=g), f"fp8 {g.value} scales") for g in Granularity]
+    if not fp8.attention:
+        configs.append((dataclasses.replace(fp8, attention=True),
+                        f"fp8 {Granularity(fp8.granularity).value} scales + fp8 attention"))
     choices = []
-    for granularity in Granularity:
-        config = dataclasses.replace(fp8, granularity=granularity)
+    for config, change in configs:
         passes = fp8_pipeline(config) if auto else resolve(list(base), config)
         encoded = json.dumps(fp8_options(config), sort_keys=True)
         with_options = tuple((p.name, encoded) for p in passes if p.name in ("fp8-linear", "fp8-attention"))
-        choices.append(PipelineChoice(tuple(p.name for p in passes), tuple(base), with_options,
-                                      change=f"fp8 {granularity.value} scales"))
+        choices.append(PipelineChoice(tuple(p.name for p in passes), tuple(base), with_options, change=change))
     return choices
 
 

@@ -167,6 +167,8 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
                                     fp8=Fp8Config()),
     # FP8 linears and FP8 attention (kopt::fp8_attention: Q per row, K and V per key tile)
     "kopt-fp8-attn": dict(passes="auto", fp8=Fp8Config(attention=True)),
+    # regional with FP8 linears and bf16 attention (the library's kernel): what FP8 attention adds, or costs
+    "kopt-regional-fp8": dict(passes="auto", regional=True, fp8=Fp8Config()),
     # regional compilation (compile time of a few blocks) with FP8 linears and attention
     "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
     # regional with Inductor's tuning for every graph (GEMM templates against cuBLAS, launch configs; CUDA graphs on):
@@ -291,6 +293,7 @@ def all_variants() -> list[Variant]:
                          _without_pdl(_kopt(options)), cfg_pair=True, mutates_model=_releases(options),
                          estimate_full_s=120)
                  for name, options in (("kopt-regional", dict(passes="auto", regional=True)),
+                                       ("kopt-regional-fp8", KOPT_OPTIONS["kopt-regional-fp8"]),
                                        ("kopt-regional-fp8-attn", KOPT_OPTIONS["kopt-regional-fp8-attn"]))]
     variants += [
         Variant("fp8+torch.compile", "rowwise FP8 linears + regional torch.compile",

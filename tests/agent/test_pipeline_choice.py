@@ -141,11 +141,15 @@ def test_fp8_config_gives_one_choice_per_granularity_with_the_config_kept():
 
     config = Fp8Config(skip=("*.proj_out.*",), min_features=64)
     choices = fp8_choices(base_pipeline(), config)
-    assert len(choices) == len(Granularity)
+    assert len(choices) == len(Granularity) + 1  # and the config's own granularity with FP8 attention
     for choice in choices:
         rebuilt = PipelineChoice.from_dict(json.loads(json.dumps(choice.to_dict())))
         linear = next(p for p in rebuilt.build() if p.name == "fp8-linear")
         assert linear.config.granularity.value in choice.change and linear.config.skip == ("*.proj_out.*",)
         assert linear.config.min_features == 64 and "staging" == rebuilt.passes[-1]
+        assert ("fp8-attention" in rebuilt.passes) == choice.change.endswith("+ fp8 attention")
+    attention = [c for c in choices if "fp8-attention" in c.passes]
+    assert [c.change for c in attention] == ["fp8 row scales + fp8 attention"]
+    assert len(fp8_choices(base_pipeline(), Fp8Config(attention=True))) == len(Granularity)
     row = next(c for c in choices if "row" in c.change)
     assert "fuse-adaln-quant" in row.passes and "residual-fp32" not in row.passes
