@@ -144,6 +144,10 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
     ``verified``: the pool's verification of it, done ahead (the sandbox is not run again)."""
     verdict, micro_result = None, None
     if candidate.kind is not CandidateKind.PASS_CHOICE:
+        nothing = changes_nothing(graphs, accepted, candidate)
+        if nothing:  # the region is gone under what was accepted: its candidate cannot act
+            return Evaluation(candidate, Status.SLOWER, nothing,
+                              {"kind": "unchanged-graph", "accepted": None, "checks": [], "reason": nothing})
         if verified is not None and verified.verdict is None:
             return Evaluation(candidate, Status.ERROR, f"verification failed in the worker: {verified.error}")
         verdict = verified.verdict if verified is not None else verify(region, candidate, verify_config)

@@ -1,9 +1,11 @@
-"""Pipeline choices that change nothing, settled without the end-to-end A/B.
+"""Candidates that change nothing, settled without the end-to-end A/B.
 
 A default pass left out that never fired on a graph, or an opt-in pass added that matches nothing
-in it, leaves the graph exactly as the baseline pipeline makes it. Such a choice cannot change the
-model's time, so timing it (a whole-model lowering and 2 x 20 calls, about a minute and a half on a
-video DiT) only spends the budget; it is recorded as not faster, with this reason, and never timed.
+in it, leaves the graph exactly as the baseline pipeline makes it. So does a region candidate whose
+region no longer occurs once the accepted pipeline choice rewrote the graph (FP8 linears replace
+the bf16 regions the candidate was made for). Such a candidate cannot change the model's time, so
+verifying and timing it only spends the budget; it is recorded as not faster, with this reason, and
+never timed.
 
 Why the test is sound: two graph modules with the same generated code that read equal constants
 (same shape, dtype, strides and values; shared storage counts as equal) run the same ops on the same
@@ -46,12 +48,17 @@ def same_graph(first: torch.fx.GraphModule, second: torch.fx.GraphModule) -> boo
 
 
 def changes_nothing(graphs: Sequence[Any], accepted: Mapping[str, Candidate], candidate: Candidate) -> str:
-    """Why ``candidate`` (a pipeline choice) leaves its graph as ``accepted`` makes it; empty if it
-    changes something or is not a pipeline choice."""
+    """Why ``candidate`` leaves every graph as ``accepted`` makes it; empty if it changes something."""
     from kopt.agent.bench import applied_one, lowering_patches
 
     if candidate.kind is not CandidateKind.PASS_CHOICE:
-        return ""
+        trial_chosen = {**accepted, candidate.region_signature: candidate}
+        if any(not same_graph(applied_one(g, accepted), applied_one(g, trial_chosen)) for g in graphs):
+            return ""
+        under = [dict(c.params).get("change", "") for c in accepted.values() if c.kind is CandidateKind.PASS_CHOICE]
+        return (f"changes nothing: region {candidate.region_signature[:12]} occurs nowhere in the graphs as "
+                f"{'the accepted choices (' + '; '.join(under) + ') make' if under else 'the baseline makes'} them "
+                "(or nowhere with the layout it was verified for), so it cannot be faster; not verified or timed")
     graph = next((g for g in graphs if g.signature == candidate.region_signature), None)
     if graph is None:
         return ""

@@ -109,3 +109,31 @@ def test_regional_needs_repeated_blocks():
     model, inputs = sigmoid_gelu_mlp()
     with pytest.raises(ValueError, match="no nn.ModuleList of blocks"):
         optimize(model, inputs, regional=True, clock="cost-model", max_candidates=1)
+
+
+def test_a_region_candidate_whose_region_an_accepted_choice_rewrote_is_settled_untimed():
+    """After a pipeline choice fused the block's elementwise regions, a candidate for one of them has
+    nothing left to replace: it is settled as changing nothing, before the sandbox and the A/B."""
+    from kopt.agent.bench import BenchConfig
+    from kopt.agent.loop import evaluate
+    from kopt.agent.propose.pipeline import propose_pipelines
+    from kopt.agent.unchanged import changes_nothing
+    from kopt.agent.verify import VerifyConfig
+
+    model, inputs = tiny_block_stack()
+    graphs = capture_graphs(model, inputs, regional=True)
+    candidate, signature = _gated_candidate(model, inputs)
+    assert changes_nothing(graphs, {}, candidate) == ""  # on the baseline's graph it replaces the region
+    fuse = next(c for c in propose_pipelines(graphs) if dict(c.params).get("change") == "add codegen-fuse")
+    accepted = {fuse.region_signature: fuse}
+    reason = changes_nothing(graphs, accepted, candidate)
+    assert "occurs nowhere" in reason and "add codegen-fuse" in reason
+
+    class NoClock:  # the A/B must not run
+        name = "unused"
+
+        def samples(self, *args):
+            raise AssertionError("timed a candidate that changes nothing")
+
+    evaluation = evaluate(candidate, None, graphs, accepted, NoClock(), VerifyConfig(), BenchConfig())
+    assert evaluation.status is Status.SLOWER and evaluation.reason == reason and evaluation.e2e is None
