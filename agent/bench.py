@@ -9,7 +9,9 @@ win in isolation and lose in the model: layouts, launch order, caches). The rule
   CI's low end is above 1 (the gain's CI excludes 0) and the median gain is at least ``min_gain``.
 * **quality**: B's outputs, on fresh inputs, against the higher-precision reference of the same
   graphs (:func:`kopt.reference.run_reference`: float64 on the CPU), within the candidate's contract
-  by :func:`kopt.verify.compare` (the eager graph's own error is the budget's base).
+  by :func:`kopt.verify.compare` (the eager graph's own error is the budget's base); with a clock
+  that runs the whole model (:class:`kopt.agent.regional_clock.RegionalClock`), the model's output
+  too, within the combined contract of everything the trial applies.
 
 The model here is its captured graphs after the passes (:mod:`kopt.agent.graphs`), run in order;
 a candidate set is applied to copies of them (:mod:`kopt.agent.apply`), which takes milliseconds,
@@ -23,6 +25,7 @@ those graphs, synchronized on a GPU; run as FX op by op, or lowered by Inductor 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import statistics
@@ -277,6 +280,10 @@ def measure(graphs: Sequence[Any], baseline: Mapping[str, Candidate], candidate:
     config = config or BenchConfig()
     trial = {**baseline, candidate.region_signature: candidate}
     checks = quality(graphs, trial, candidate.contract, config.seed, lower=getattr(clock, "lower", "eager"))
+    model_checks = getattr(clock, "model_checks", None)
+    if model_checks is not None:  # the whole model's output too, under everything the trial applies
+        contract = functools.reduce(Contract.combine, (c.contract for c in trial.values()), Contract.exact())
+        checks += model_checks(trial, contract, config.seed)
     a, b = interleaved(clock, baseline, trial, config.samples)
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     median, low, high = bootstrap_median(ratios, config.resamples, config.seed)

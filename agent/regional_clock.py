@@ -16,8 +16,8 @@ and each has dynamo cache state of its own (:func:`kopt.dynamo_cache.compile_blo
 Sides never change the module's weights: derived constants are copies (``share_weights=False``),
 nothing is released (``release_weights=False``), and weights are not watched (``on_weight_change=
 "ignore"``: the A/B changes no weight, and a per-call checksum would only add the same work to both
-sides). Kopt's lowering check is off: the loop checks every candidate's outputs itself
-(:func:`kopt.agent.bench.quality`), as lowered when a choice patches the lowering.
+sides). Kopt's lowering check is off: the loop checks every candidate's outputs itself, on each
+block graph (:func:`kopt.agent.bench.quality`) and on the model's output (:meth:`RegionalClock.model_checks`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,20 @@ import torch
 
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.graphs import call
+from kopt.passes.base import Contract
 
 log = logging.getLogger("kopt")
+
+
+def fresh_inputs(inputs: Sequence[Any] | Mapping[str, Any], seed: int) -> Sequence[Any] | Mapping[str, Any]:
+    """The model's inputs with new values for its floating tensors of more than one element (same
+    shape, mean and spread: :func:`kopt.agent.bench.fresh_args`); a timestep or guidance scalar and
+    every other argument stay as given, so the model is checked where it is used."""
+    from kopt.agent.bench import fresh_args
+
+    if isinstance(inputs, Mapping):
+        return dict(zip(inputs, fresh_args(list(inputs.values()), seed), strict=True))
+    return fresh_args(list(inputs), seed)
 
 
 def side_passes(chosen: Mapping[str, Candidate]) -> list[Any]:
@@ -142,6 +154,34 @@ class RegionalClock:
         self.build_seconds.append(time.perf_counter() - began)
         log.info("agent: compiled one side regionally in %.1f s", self.build_seconds[-1])
         return side
+
+    def model_checks(self, chosen: Mapping[str, Candidate], contract: Contract, seed: int) -> list[dict]:
+        """The model's output with ``chosen`` against its higher-precision reference, on fresh inputs
+        (:func:`fresh_inputs`), within ``contract`` (eager bf16's own error is the budget's base):
+        what the user's output does once every block runs the candidates, which a check of one
+        block's graph on random arguments does not show (errors compound over the blocks)."""
+        from kopt.reference import reference_forward
+        from kopt.regional import repeated_blocks
+        from kopt.verify import compare
+
+        fresh = fresh_inputs(self.inputs, seed)
+        side = self._side(chosen)
+        side.activate()
+        blocks = repeated_blocks(self.model)
+        with torch.no_grad():
+            got = call(side.compiled, fresh)
+            for block in blocks:  # the module as the user wrote it
+                block._compiled_call_impl = None
+            try:
+                eager = call(self.model, fresh)
+                if isinstance(fresh, Mapping):
+                    reference = reference_forward(self.model, **fresh)
+                else:
+                    reference = reference_forward(self.model, *fresh)
+            finally:
+                side.activate()
+        return [{"graph": "model", "output": c.output, "ok": c.ok, "rel_err": c.rel_err, "cosine": c.cosine,
+                 "verdict": c.verdict} for c in compare(got, eager, contract, reference=reference)]
 
     def report(self, chosen: Mapping[str, Candidate]) -> Any:
         """The kopt report of the side compiled with ``chosen`` (built if needed): which rewrites fired."""

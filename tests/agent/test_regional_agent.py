@@ -1,6 +1,8 @@
 """The agent working regionally: one graph per block class, timed as the whole forward compiled
 regionally with the candidates applied where ``kopt.compile(regional=True)`` applies them."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -97,6 +99,8 @@ def test_optimize_regionally_measures_candidates_on_the_whole_forward(tmp_path):
     assert len(result.graphs) == 1 and result.graphs[0].calls == 3
     timed = [e for e in result.evaluations if e.e2e is not None]
     assert timed and all(e.e2e.clock == "wall-regional-eager" and e.e2e.speedup.samples == 20 for e in timed)
+    # each timed candidate was also judged on the model's output, not only on the block graph's
+    assert all(any(q["graph"] == "model" for q in e.e2e.quality) for e in timed)
     assert all(e.status in (Status.ACCEPTED, Status.SLOWER, Status.REJECTED, Status.ERROR)
                for e in result.evaluations)
     assert not [e for e in result.evaluations if e.status is Status.ERROR], [e.reason for e in result.evaluations]
@@ -122,7 +126,7 @@ def test_a_region_candidate_whose_region_an_accepted_choice_rewrote_is_settled_u
 
     model, inputs = tiny_block_stack()
     graphs = capture_graphs(model, inputs, regional=True)
-    candidate, signature = _gated_candidate(model, inputs)
+    candidate, _ = _gated_candidate(model, inputs)
     assert changes_nothing(graphs, {}, candidate) == ""  # on the baseline's graph it replaces the region
     fuse = next(c for c in propose_pipelines(graphs) if dict(c.params).get("change") == "add codegen-fuse")
     accepted = {fuse.region_signature: fuse}
@@ -137,3 +141,19 @@ def test_a_region_candidate_whose_region_an_accepted_choice_rewrote_is_settled_u
 
     evaluation = evaluate(candidate, None, graphs, accepted, NoClock(), VerifyConfig(), BenchConfig())
     assert evaluation.status is Status.SLOWER and evaluation.reason == reason and evaluation.e2e is None
+
+
+def test_the_model_output_check_sees_an_error_every_block_repeats():
+    """A candidate a little off (1.70 for 1.702) in every block: the model's output against its float64
+    reference, within a 1e-5 contract, fails; the faithful candidate passes."""
+    model, inputs = tiny_block_stack()
+    candidate, signature = _gated_candidate(model, inputs)
+    off = dataclasses.replace(candidate, source=candidate.source.replace("1.702", "1.70"))
+    clock = RegionalClock(model, inputs, lower="eager")
+    try:
+        good = clock.model_checks({signature: candidate}, Contract.tolerance(1e-5), seed=3)
+        bad = clock.model_checks({signature: off}, Contract.tolerance(1e-5), seed=3)
+    finally:
+        clock.close()
+    assert good and all(c["ok"] and c["graph"] == "model" for c in good)
+    assert bad and not any(c["ok"] for c in bad) and bad[0]["rel_err"] > 1e-5
