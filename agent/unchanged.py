@@ -52,13 +52,19 @@ def changes_nothing(graphs: Sequence[Any], accepted: Mapping[str, Candidate], ca
     from kopt.agent.bench import applied_one, lowering_patches
 
     if candidate.kind is not CandidateKind.PASS_CHOICE:
+        from kopt.agent.profile import find_occurrences
+
         trial_chosen = {**accepted, candidate.region_signature: candidate}
-        if any(not same_graph(applied_one(g, accepted), applied_one(g, trial_chosen)) for g in graphs):
+        baselines = [applied_one(g, accepted) for g in graphs]
+        if any(not same_graph(b, applied_one(g, trial_chosen)) for b, g in zip(baselines, graphs, strict=True)):
             return ""
         under = [dict(c.params).get("change", "") for c in accepted.values() if c.kind is CandidateKind.PASS_CHOICE]
-        return (f"changes nothing: region {candidate.region_signature[:12]} occurs nowhere in the graphs as "
-                f"{'the accepted choices (' + '; '.join(under) + ') make' if under else 'the baseline makes'} them "
-                "(or nowhere with the layout it was verified for), so it cannot be faster; not verified or timed")
+        graphs_text = f"the accepted choices ({'; '.join(under)}) make" if under else "the baseline makes"
+        present = any(o.region.signature == candidate.region_signature for b in baselines for o in find_occurrences(b))
+        where = ("occurs there only where the model lays its outputs out otherwise than the region it was "
+                 "verified for (kopt.agent.apply.layout_agrees)" if present else "occurs nowhere")
+        return (f"changes nothing: region {candidate.region_signature[:12]} {where} in the graphs as {graphs_text} "
+                "them, so it cannot be faster; not verified or timed")
     graph = next((g for g in graphs if g.signature == candidate.region_signature), None)
     if graph is None:
         return ""
