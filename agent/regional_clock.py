@@ -68,6 +68,19 @@ def side_passes(chosen: Mapping[str, Candidate]) -> list[Any]:
     return passes
 
 
+def side_problem(report: Any) -> str:
+    """Why a compiled side does not run what it was built to (a pass skipped after an error, a graph
+    that fell back to its original), or empty. kopt's compile never breaks a user's model over such
+    a failure; the agent must not time it as if the candidate ran."""
+    for graph in report.graphs:
+        if graph.fallback:
+            return f"runs block graph {graph.index} as captured: {graph.fallback}"
+        for record in graph.passes:
+            if record.status.startswith("skipped"):
+                return f"skipped pass {record.name!r} on block graph {graph.index}: {record.status}"
+    return ""
+
+
 @dataclasses.dataclass
 class _Side:
     """One compile of the model with one candidate set, and the blocks' compiled calls it set."""
@@ -143,7 +156,12 @@ class RegionalClock:
                                 share_weights=False, on_weight_change="ignore", progress=False)
         side = _Side(compiled, {b: b._compiled_call_impl for b in repeated_blocks(self.model)})
         with torch.no_grad():
-            for _ in range(4):  # compile, warm up twice, record, replay (kopt.forward_replay)
+            call(compiled, self.inputs)  # compiles the blocks
+            problem = side_problem(compiled.kopt_report)
+            if problem:  # timing it would time the baseline, or less: the evaluation fails with the reason
+                side.dispose()
+                raise RuntimeError(f"the side compiled with this candidate set {problem}")
+            for _ in range(3):  # warm up, record, replay (kopt.forward_replay)
                 call(compiled, self.inputs)
         if self.replay:
             replay = compiled._replay

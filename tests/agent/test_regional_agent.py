@@ -157,3 +157,29 @@ def test_the_model_output_check_sees_an_error_every_block_repeats():
         clock.close()
     assert good and all(c["ok"] and c["graph"] == "model" for c in good)
     assert bad and not any(c["ok"] for c in bad) and bad[0]["rel_err"] > 1e-5
+
+
+def test_a_side_whose_candidate_breaks_its_pass_is_an_error_not_a_timing(monkeypatch):
+    """kopt.compile skips a pass that raises (the user's model keeps running); the clock refuses to
+    time such a side, since it would time the baseline under the candidate's name."""
+    import kopt.agent.regional_clock as regional_clock
+    from kopt.passes.base import Pass
+
+    class Broken(Pass):
+        name = "broken"
+        why = "raises, as a buggy rule would"
+        contract = Contract.exact()
+
+        def apply(self, graph_module, ctx):
+            raise RuntimeError("bug in the rule")
+
+    model, inputs = tiny_block_stack()
+    clock = RegionalClock(model, inputs, lower="eager")
+    original = regional_clock.side_passes
+    monkeypatch.setattr(regional_clock, "side_passes", lambda chosen: [*original(chosen), Broken()])
+    try:
+        with pytest.raises(RuntimeError, match="skipped pass 'broken'.*bug in the rule"):
+            clock.samples({}, 1, 0)
+    finally:
+        clock.close()
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.blocks)
