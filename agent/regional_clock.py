@@ -155,14 +155,21 @@ class RegionalClock:
                                 cuda_graphs=self.replay, check_lowering=False, kb=False, release_weights=False,
                                 share_weights=False, on_weight_change="ignore", progress=False)
         side = _Side(compiled, {b: b._compiled_call_impl for b in repeated_blocks(self.model)})
-        with torch.no_grad():
-            call(compiled, self.inputs)  # compiles the blocks
-            problem = side_problem(compiled.kopt_report)
-            if problem:  # timing it would time the baseline, or less: the evaluation fails with the reason
-                side.dispose()
-                raise RuntimeError(f"the side compiled with this candidate set {problem}")
-            for _ in range(3):  # warm up, record, replay (kopt.forward_replay)
-                call(compiled, self.inputs)
+        try:
+            with torch.no_grad():
+                call(compiled, self.inputs)  # compiles the blocks
+                problem = side_problem(compiled.kopt_report)
+                if problem:  # timing it would time the baseline, or less: the evaluation fails with the reason
+                    raise RuntimeError(f"the side compiled with this candidate set {problem}")
+                for _ in range(3):  # warm up, record, replay (kopt.forward_replay)
+                    call(compiled, self.inputs)
+        except BaseException:  # its memory goes now (an out-of-memory side must not starve the next one)
+            side.dispose()
+            del side, compiled
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise
         if self.replay:
             replay = compiled._replay
             disabled = replay.stats.disabled if replay is not None else "no whole-forward replay"
