@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +93,12 @@ class OptimizeResult:
 def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile: Profile, kb: KnowledgeBase,
                       seed: int, llm: Any, graphs: Sequence[ProbedGraph] = (),
                       class_keys: Mapping[str, str] | None = None, device: str = "cpu", fp8: Any = None,
-                      pipelines: bool = True, min_gain: float = 0.01) -> Iterator[list[Candidate]]:
+                      pipelines: bool = True, min_gain: float = 0.01,
+                      follow_up: Callable[[], list[Occurrence]] | None = None) -> Iterator[list[Candidate]]:
     """The proposals in batches: the next one is asked for only once the loop took every candidate
-    before it, so a look-ahead never makes a proposer read the KB earlier (:mod:`kopt.agent.pool.lookahead`)."""
+    before it, so a look-ahead never makes a proposer read the KB earlier (:mod:`kopt.agent.pool.lookahead`).
+    ``follow_up``: the regions that appeared since (:func:`regions_under_accepted`); each later batch
+    holds the search proposals for them, until none appear."""
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
         from kopt.agent.propose.breadth import breadth_first, small_regions
@@ -108,6 +111,12 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
         small = small_regions(profile, min_gain)
         yield list(warm_order(breadth_first(found, small), kb, class_keys or {}))
+        while follow_up is not None:
+            fresh = follow_up()
+            if not fresh:
+                break
+            unranked = list(dict.fromkeys(o.region.signature for o in fresh))  # not profiled: in graph order
+            yield list(warm_order(breadth_first(list(propose_all(fresh, unranked, seed=seed))), kb, class_keys or {}))
     if proposer in ("llm", "all"):
         from kopt.agent.propose.llm import LLMProposer
 
@@ -182,6 +191,24 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
     status = Status.ACCEPTED if result.accepted else Status.SLOWER
     measured = micro_result.measurement if micro_result else None
     return Evaluation(candidate, status, result.reason, verdict, result, micro=measured)
+
+
+def regions_under_accepted(graphs: Sequence[ProbedGraph], accepted: Mapping[str, Candidate],
+                           known: Mapping[str, Any], model: str | None = None) -> list[Occurrence]:
+    """Occurrences of regions that are not in ``known`` in the graphs as the accepted pipeline choices
+    rewrite them: an FP8 pipeline replaces the bf16 regions the first proposals were made for with
+    regions of its own (quantize epilogues, the code around FP8 GEMMs), which deserve proposals too.
+    Why a candidate for one is valid where it is applied: it is verified against that region, and it
+    replaces only occurrences of that signature (:mod:`kopt.agent.apply`), under that choice."""
+    from kopt.agent.bench import applied_one, pipeline_choice_for
+
+    fresh = []
+    for graph in graphs:
+        if pipeline_choice_for(graph, accepted) is None:
+            continue
+        module = applied_one(graph, {s: c for s, c in accepted.items() if c.kind is CandidateKind.PASS_CHOICE})
+        fresh += [o for o in find_occurrences(module, graph.index, model=model) if o.region.signature not in known]
+    return fresh
 
 
 def wants_regional(model: Any, regional: bool | None, lower: str, clock: Any) -> bool:
@@ -299,8 +326,25 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
         evaluations, skipped, stopped = [], 0, ""
+        def follow_up() -> list[Occurrence]:
+            """Register the regions the accepted choices made (:func:`regions_under_accepted`)."""
+            fresh = regions_under_accepted(graphs, accepted, regions, model_name)
+            for occurrence in fresh:
+                signature = occurrence.region.signature
+                if signature not in regions:
+                    regions[signature] = occurrence.region
+                    class_keys[signature] = occurrence.region.class_key
+                    kb.record_region(occurrence.region, model=model_name)
+                    first[signature] = occurrence
+                if bench is not None:  # per model call, for the micro step's Amdahl bound
+                    bench.occurrences[signature] = bench.occurrences.get(signature, 0) + calls[occurrence.graph_index]
+            if fresh:
+                log.info("agent: %d new region(s) in the graphs under the accepted choices",
+                         len({o.region.signature for o in fresh}))
+            return fresh
+
         batches = _proposal_batches(proposer, occurrences, profile, kb, seed, llm, graphs, class_keys, device, fp8,
-                                    pipelines, bench_config.min_gain)
+                                    pipelines, bench_config.min_gain, follow_up if pipelines else None)
 
         def job_for(candidate: Candidate) -> VerifyJob | None:
             """The sandbox verification the loop will want for ``candidate`` (it skips the others)."""

@@ -65,8 +65,13 @@ def run(out: Path, *, seed: int = 0) -> dict:
         cold = search(MODEL_B, Path(folder) / "cold.sqlite", "block-B")
         search(MODEL_A, Path(folder) / "warm.sqlite", "block-A")
         warm = search(MODEL_B, Path(folder) / "warm.sqlite", "block-B")
+    from benchmarks.agent_run import evaluation_records
+
+    out.mkdir(parents=True, exist_ok=True)
     runs = {}
-    for name, result in (("cold", cold), ("warm", warm)):
+    for name, result in (("cold", cold), ("warm", warm)):  # also as agent_run writes a run (agent_curves reads it)
+        (out / f"agent_kb_pays-{name}-run.json").write_text(json.dumps(
+            {"workload": "block-B", "clock": result.clock.name, "evaluations": evaluation_records(result)}, indent=1))
         curve = gain_curve(result)
         runs[name] = {"evaluations": len(result.evaluations), "final_gain": curve[-1],
                       "evaluations_to_80pct": evaluations_to(curve), "gain_curve": curve,
@@ -79,7 +84,10 @@ def run(out: Path, *, seed: int = 0) -> dict:
     return data
 
 
-def _plot(data: dict, path: Path) -> None:
+def _plot(data: dict, path: Path, *, xlabel: str = "evaluations on model B",
+          ylabel: str = "model time saved (%, cost model)",
+          title: str = "model B searched cold vs after model A (same knowledge base)") -> None:
+    """Both runs' gain curves (``data["cold"]``, ``data["warm"]``) as a PNG."""
     import matplotlib
     import matplotlib.ticker
 
@@ -92,9 +100,9 @@ def _plot(data: dict, path: Path) -> None:
         ax.plot(range(len(curve)), [100 * g for g in curve], style, markersize=3,
                 label=f"{name}: 80% of final gain after {data[name]['evaluations_to_80pct']} evaluations")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("evaluations on model B")
-    ax.set_ylabel("model time saved (%, cost model)")
-    ax.set_title("model B searched cold vs after model A (same knowledge base)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

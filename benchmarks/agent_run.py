@@ -20,6 +20,14 @@ from pathlib import Path
 import torch
 
 
+def evaluation_records(result: object) -> list[dict]:
+    """Each evaluation of a :class:`kopt.agent.loop.OptimizeResult`, in order, as JSON-ready dicts."""
+    return [{"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
+             "kind": e.candidate.kind.value, "params": dict(e.candidate.params), "status": e.status.value,
+             "reason": e.reason, "seconds": e.seconds, "e2e": e.e2e.to_dict() if e.e2e else None}
+            for e in result.evaluations]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="flux2")
@@ -69,10 +77,7 @@ def main() -> None:
             "wall_s": time.time() - started, "skipped": result.skipped, "resumed": sorted(result.resumed),
             "profile": [{"region": r.region.signature, "occurrences": r.occurrences, "seconds": r.seconds,
                          "floor_s": r.floor.seconds, "bound": r.floor.bound} for r in result.profile.regions],
-            "evaluations": [{"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
-                             "kind": e.candidate.kind.value, "params": dict(e.candidate.params),
-                             "status": e.status.value, "reason": e.reason, "seconds": e.seconds,
-                             "e2e": e.e2e.to_dict() if e.e2e else None} for e in result.evaluations]}
+            "evaluations": evaluation_records(result)}
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
     (out / f"{stem}.md").write_text(
         f"# kopt optimize {workload.name} (full size, bf16, {environment.describe()})\n\n"

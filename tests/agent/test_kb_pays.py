@@ -3,6 +3,7 @@ when model A (same family, other sizes) searched first with the same KB. Determi
 
 import json
 
+from benchmarks.agent_curves import compare
 from benchmarks.agent_kb_pays import evaluations_to, run
 
 
@@ -14,6 +15,13 @@ def test_warm_search_reaches_80_percent_in_half_the_evaluations(tmp_path):
     assert warm["evaluations_to_80pct"] == evaluations_to(warm["gain_curve"]) >= 1
     assert json.loads((tmp_path / "agent_kb_pays.json").read_text())["clock"] == "cost-model"
     assert (tmp_path / "agent_kb_pays.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the GPU's curves come from the runs' measured speedups (benchmarks.agent_curves): from the same two
+    # runs, the product of the accepted candidates' median speedups tells the cost model's story
+    measured = compare(tmp_path / "agent_kb_pays-cold-run.json", tmp_path / "agent_kb_pays-warm-run.json")
+    for name in ("cold", "warm"):
+        assert abs(measured[name]["final_gain"] - data[name]["final_gain"]) < 0.01
+        assert measured[name]["evaluations"] == data[name]["evaluations"]
+    assert measured["pays"] is True and measured["warm"]["evaluations_to_80pct"] <= 3
 
 
 def test_evaluations_to_counts_the_first_evaluation_reaching_the_fraction():

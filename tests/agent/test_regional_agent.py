@@ -183,3 +183,38 @@ def test_a_side_whose_candidate_breaks_its_pass_is_an_error_not_a_timing(monkeyp
     finally:
         clock.close()
     assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.blocks)
+
+
+def test_regions_an_accepted_fp8_choice_makes_get_proposals_of_their_own(tmp_path):
+    """Under an FP8 pipeline the block has activation-quantize regions it did not have in bf16: they are
+    found, and once the first batch is taken, the next batch proposes kernels for them (and only them)."""
+    from kopt.agent.kb import KnowledgeBase
+    from kopt.agent.loop import _proposal_batches, regions_under_accepted
+    from kopt.agent.profile import profile_graphs
+    from kopt.agent.propose.pipeline import propose_pipelines
+    from kopt.fp8.config import Fp8Config
+
+    model, inputs = tiny_block_stack()
+    graphs = capture_graphs(model, inputs, regional=True)
+    occurrences = find_occurrences(graphs[0].graph_module)
+    known = {o.region.signature: o.region for o in occurrences}
+    fp8 = next(c for c in propose_pipelines(graphs, fp8=Fp8Config(min_features=16))
+               if dict(c.params)["change"] == "fp8 row scales")
+    assert regions_under_accepted(graphs, {}, known) == []  # nothing accepted: nothing new
+    fresh = regions_under_accepted(graphs, {fp8.region_signature: fp8}, known)
+    assert fresh and all(o.region.signature not in known for o in fresh)
+    assert all("aten.amax.default" in {str(n.target) for n in o.members} for o in fresh)  # rows' scales
+
+    served = []
+
+    def follow_up():
+        served.append(len(served))
+        return fresh if len(served) == 1 else []
+
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        batches = list(_proposal_batches("search", occurrences, profile_graphs(graphs, occurrences), kb, 0, None,
+                                         graphs, {}, follow_up=follow_up))
+    assert len(batches) == 2 and served == [0, 1]  # asked again after the second batch, then done
+    new = {o.region.signature for o in fresh}
+    assert batches[1] and {c.region_signature for c in batches[1]} == new
+    assert not new & {c.region_signature for c in batches[0]}
