@@ -218,3 +218,29 @@ def test_regions_an_accepted_fp8_choice_makes_get_proposals_of_their_own(tmp_pat
     new = {o.region.signature for o in fresh}
     assert batches[1] and {c.region_signature for c in batches[1]} == new
     assert not new & {c.region_signature for c in batches[0]}
+
+
+def test_what_the_regional_loop_accepts_kopt_compile_regional_applies(tmp_path):
+    """The user's path: optimize regionally, then kopt.compile(passes="auto", regional=True) finds the
+    accepted region candidates and pipeline choice by the block graph's signatures, verifies them
+    again and applies them; the output still matches the float64 reference."""
+    import kopt
+
+    model, inputs = tiny_block_stack()
+    kb_path = tmp_path / "kb.sqlite"
+    result = optimize(model, inputs, budget_min=5, kb_path=kb_path, regional=True, clock="cost-model",
+                      max_candidates=8, progress=False, workers=1)
+    accepted = [e.candidate for e in result.evaluations if e.status is Status.ACCEPTED]
+    regions = [c for c in accepted if c.kind is not CandidateKind.PASS_CHOICE]
+    choices = [c for c in accepted if c.kind is CandidateKind.PASS_CHOICE]
+    assert regions and choices  # the cost model keeps both kinds on this block
+    compiled = kopt.compile(model, passes="auto", regional=True, lower="eager", kb=kb_path, check_lowering=False,
+                            progress=False)
+    fresh = torch.randn(2, 24, 32)
+    with torch.no_grad():
+        got = compiled(fresh)
+    records = {p.name: p for g in compiled.kopt_report.graphs for p in g.passes}
+    assert any("KB pipeline choice re-verified" in n for n in records["kb-pipeline"].notes)
+    assert any(f"{len(regions)} region occurrence(s) replaced" in n for n in records["kb-apply"].notes)
+    compiled.undo()
+    assert _rel_err(got, reference_forward(model, fresh)) < 1e-5
