@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,9 @@ def candidate_table(result: Any) -> str:
 
 def region_rows(result: Any) -> list[tuple[str, float, float, float]]:
     """(region, seconds before, seconds after, floor) per region signature, per model call, in the
-    clock's terms: the cost model's for a cost-model run, else profiled on this device."""
+    clock's terms: the cost model's for a cost-model run, else profiled on this device. After is NaN
+    for a region an accepted pipeline choice rewrote away (its work now runs in other kernels, so
+    neither its old time nor zero would be true)."""
     from kopt.agent.cost_model import CostModelClock
 
     if isinstance(result.clock, CostModelClock):
@@ -60,7 +63,7 @@ def region_rows(result: Any) -> list[tuple[str, float, float, float]]:
     from kopt.agent.profile import profile_applied
 
     after = profile_applied(result.graphs, applied(result.graphs, result.accepted), result.occurrences)
-    return [(r.region.signature[:12], r.seconds, after.get(r.region.signature, r.seconds),
+    return [(r.region.signature[:12], r.seconds, after.get(r.region.signature, math.nan),
              r.floor.seconds * r.occurrences) for r in result.profile.regions]
 
 
@@ -76,7 +79,12 @@ def region_plot(result: Any, path: Path, top: int = 16) -> Path:
     xs = range(len(rows))
     width = 0.38
     ax.bar([x - width / 2 for x in xs], [r[1] * 1e6 for r in rows], width, label="before")
-    ax.bar([x + width / 2 for x in xs], [r[2] * 1e6 for r in rows], width, label="after")
+    ax.bar([x + width / 2 for x in xs], [0.0 if math.isnan(r[2]) else r[2] * 1e6 for r in rows], width,
+           label="after")
+    for x, row in zip(xs, rows, strict=True):
+        if math.isnan(row[2]):
+            ax.text(x + width / 2, 0, "rewritten by\na pipeline choice", rotation=90, ha="center", va="bottom",
+                    fontsize=7)
     ax.scatter(list(xs), [r[3] * 1e6 for r in rows], marker="_", s=400, color="black", zorder=3, label="floor")
     ax.set_xticks(list(xs), [r[0] for r in rows], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("µs per model call")

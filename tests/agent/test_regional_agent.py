@@ -244,3 +244,22 @@ def test_what_the_regional_loop_accepts_kopt_compile_regional_applies(tmp_path):
     assert any(f"{len(regions)} region occurrence(s) replaced" in n for n in records["kb-apply"].notes)
     compiled.undo()
     assert _rel_err(got, reference_forward(model, fresh)) < 1e-5
+
+
+def test_the_region_plot_marks_regions_a_pipeline_choice_rewrote_away(tmp_path):
+    """A region an accepted choice fused away has no "after" time of its own: NaN in the rows (not its old
+    time, which read as "no change"), labelled in the plot."""
+    import math
+
+    from kopt.agent.propose.pipeline import propose_pipelines
+    from kopt.agent.report import region_rows
+
+    model, inputs = tiny_block_stack()
+    result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", regional=True, lower="eager",
+                      max_candidates=1, micro=False, progress=False, workers=1, pipelines=False)
+    fuse = next(c for c in propose_pipelines(result.graphs) if dict(c.params).get("change") == "add codegen-fuse")
+    result.accepted = {fuse.region_signature: fuse}  # as if the run had kept it
+    rows = region_rows(result)
+    gone = [r for r in rows if math.isnan(r[2])]
+    assert gone and all(r[1] > 0 for r in gone)
+    assert result.plot(tmp_path / "regions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
