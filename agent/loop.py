@@ -101,7 +101,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
     holds the search proposals for them, until none appear."""
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
-        from kopt.agent.propose.breadth import breadth_first, small_regions
+        from kopt.agent.propose.breadth import breadth_first, fp8_leads, small_regions
         from kopt.agent.propose.pipeline import propose_pipelines
         from kopt.agent.propose.search import propose_all
         from kopt.agent.propose.warm import warm_order
@@ -110,7 +110,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
         if pipelines:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
         small = small_regions(profile, min_gain)
-        yield list(warm_order(breadth_first(found, small), kb, class_keys or {}))
+        yield list(warm_order(breadth_first(found, small, fp8_leads(found, profile)), kb, class_keys or {}))
         while follow_up is not None:
             fresh = follow_up()
             if not fresh:

@@ -10,8 +10,8 @@ candidates, and variants of one kernel share its fate far more than candidates o
 families do (they differ only in launch parameters). Trying each family once first spends the
 budget where the outcome is least known. Regions whose profiled headroom is
 under the end-to-end bar (:func:`small_regions`) go after every other family: a pipeline choice
-can still pay there, a kernel for them can hardly. Only the order changes: with no budget limit
-every candidate is still evaluated.
+can still pay there, a kernel for them can hardly. FP8 choices lead when their bound is the largest
+(:func:`fp8_leads`). Only the order changes: with no budget limit every candidate is still evaluated.
 """
 
 from __future__ import annotations
@@ -22,13 +22,42 @@ from typing import Any
 from kopt.agent.candidate import Candidate, CandidateKind
 
 
-def breadth_first(candidates: Sequence[Candidate], small: Collection[str] = ()) -> list[Candidate]:
+def breadth_first(candidates: Sequence[Candidate], small: Collection[str] = (),
+                  lead: Collection[str] = ()) -> list[Candidate]:
     """``candidates`` round-robin over families, first rounds first, each family's order kept; the
     families of regions in ``small`` (too little headroom to move the model: :func:`small_regions`)
-    after all the others."""
-    demoted = [c for c in candidates if c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE]
-    kept = [c for c in candidates if not (c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE)]
-    return _rounds(kept) + _rounds(demoted)
+    after all the others; the candidates whose content hash is in ``lead`` (:func:`fp8_leads`) before
+    all of them, in their order."""
+    first = [c for c in candidates if c.content_hash in lead]
+    rest = [c for c in candidates if c.content_hash not in lead]
+    demoted = [c for c in rest if c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE]
+    kept = [c for c in rest if not (c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE)]
+    return first + _rounds(kept) + _rounds(demoted)
+
+
+def is_fp8_choice(candidate: Candidate) -> bool:
+    """A pipeline choice that runs the FP8 pipeline (:func:`kopt.agent.propose.pipeline.fp8_choices`)."""
+    change = str(dict(candidate.params).get("change", ""))
+    return candidate.kind is CandidateKind.PASS_CHOICE and change.startswith("fp8 ")
+
+
+def fp8_leads(candidates: Sequence[Candidate], profile: Any) -> set[str]:
+    """The FP8 choices among ``candidates`` when they have the most to win, else none.
+
+    The time outside every fusible region is the GEMMs' and attention's (the profile's regions are
+    the elementwise ones :mod:`kopt.codegen` can fuse); FP8 runs them at up to twice the tensor-core
+    rate, so it can win up to half that time. When that bound exceeds the headroom of every region
+    (what a perfect kernel for it could win), no other family can win as much, and a budget that
+    covers a dozen evaluations is best spent on the FP8 choices first (the cold run reaches the big
+    wins; a warm run orders by lessons anyway, :mod:`kopt.agent.propose.warm`)."""
+    total = getattr(profile, "total_s", 0.0)
+    regions = getattr(profile, "regions", ())
+    if not total:
+        return set()
+    outside = max(0.0, total - sum(r.seconds for r in regions))
+    if outside / 2 <= max((r.headroom_s for r in regions), default=0.0):
+        return set()
+    return {c.content_hash for c in candidates if is_fp8_choice(c)}
 
 
 def small_regions(profile: Any, min_gain: float) -> set[str]:

@@ -69,3 +69,24 @@ def test_pipeline_choices_add_then_attention_then_leave_out():
     kinds = [change.split(" ", 1)[0] for change in changes]
     assert kinds == sorted(kinds, key=["add", "attention", "drop"].index)
     assert {"add", "attention", "drop"} == set(kinds)
+
+
+def test_fp8_choices_lead_only_when_half_the_time_outside_regions_beats_every_regions_headroom():
+    import types
+
+    from kopt.agent.propose.breadth import fp8_leads
+
+    def region(seconds, headroom_s):
+        return types.SimpleNamespace(seconds=seconds, headroom_s=headroom_s)
+
+    a = [_variant("region-a", n) for n in (1, 2)]
+    fp8 = [_choice("graph-0", "fp8 tensor scales"), _choice("graph-0", "fp8 row scales + fp8 attention")]
+    other = _choice("graph-0", "drop residual-fp32")
+    candidates = [*a, other, *fp8]
+    gemm_bound = types.SimpleNamespace(total_s=0.100, regions=[region(0.020, 0.010)])  # 80 ms outside: 40 > 10
+    lead = fp8_leads(candidates, gemm_bound)
+    assert lead == {c.content_hash for c in fp8}
+    assert breadth_first(candidates, lead=lead) == [*fp8, a[0], other, a[1]]
+    elementwise_bound = types.SimpleNamespace(total_s=0.100, regions=[region(0.080, 0.060)])  # 20 ms: 10 < 60
+    assert fp8_leads(candidates, elementwise_bound) == set()
+    assert fp8_leads(candidates, types.SimpleNamespace(total_s=0.0, regions=[])) == set()
