@@ -161,7 +161,8 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
             return Evaluation(candidate, Status.ERROR, f"verification failed in the worker: {verified.error}")
         verdict = verified.verdict if verified is not None else verify(region, candidate, verify_config)
         if not verdict.accepted:
-            return Evaluation(candidate, Status.REJECTED, f"verifier: {verdict.reason}", verdict)
+            status = Status.ERROR if verdict.inconclusive else Status.REJECTED
+            return Evaluation(candidate, status, f"verifier: {verdict.reason}", verdict)
         if micro is not None and occurrence is not None:
             incumbent = accepted.get(candidate.region_signature)
             micro_result = micro.check(occurrence, candidate, incumbent)
@@ -176,7 +177,8 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
         if micro is not None:
             attention = check_attention_choice(candidate, graphs, accepted, micro)
             if attention is not None and not attention.passed:  # no measurement: the backend cannot run it
-                status = Status.SLOWER if attention.measurement else Status.REJECTED
+                status = (Status.SLOWER if attention.measurement else
+                          Status.ERROR if attention.inconclusive else Status.REJECTED)
                 unchecked = {"kind": "attention-micro", "accepted": None, "checks": [],
                              "reason": "settled at the micro stage, before the model-output check"}
                 return Evaluation(candidate, status, attention.reason, unchecked, micro=attention.measurement)
@@ -407,7 +409,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 record = kb.record_candidate(candidate, status=evaluation.status, reason=evaluation.reason,
                                              verdict=evaluation.verdict, micro=evaluation.micro, e2e=e2e,
                                              environment=environment)
-                _lesson(kb, regions[candidate.region_signature], evaluation, record)
+                if evaluation.status is not Status.ERROR:  # the machine's failure teaches nothing of the candidate
+                    _lesson(kb, regions[candidate.region_signature], evaluation, record)
                 if evaluation.status is Status.ACCEPTED:
                     accepted[candidate.region_signature] = candidate
                 log.info("agent: %s: %s", evaluation.status.value, evaluation.reason[:120])

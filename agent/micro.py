@@ -51,6 +51,7 @@ class MicroResult:
     passed: bool
     reason: str
     measurement: Measurement | None
+    inconclusive: bool = False  # could not run for want of device memory: says nothing of the candidate
 
 
 class MicroBench:

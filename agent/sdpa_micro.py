@@ -108,6 +108,10 @@ def check_attention_choice(candidate: Candidate, graphs: Sequence[Any], accepted
     inputs = attention_inputs(nodes[0], device, seed=int(candidate.content_hash[:8], 16))
     try:
         now, new_ms = time_backends(inputs, current, backend, device)
+    except torch.OutOfMemoryError as error:  # the model under optimization holds the memory: retry later
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return MicroResult(False, f"micro: attention {shape} on {backend}: no device memory free to time it: "
+                                  f"{first_line[:160]}", None, inconclusive=True)
     except (RuntimeError, ValueError, NotImplementedError) as error:  # e.g. "No available kernel"
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return MicroResult(False, f"micro: attention {shape} cannot run on {backend}: {first_line[:200]}", None)

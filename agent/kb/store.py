@@ -24,6 +24,8 @@ from pathlib import Path
 from kopt.agent.kb.records import CandidateRecord, Environment, Lesson, Measurement, Outcome, RegionRecord, Status
 from kopt.agent.kb.schema import migrate
 
+ERROR_RETRIES = 2  # failed evaluations of one candidate (ERROR records) after which runs stop retrying it
+
 
 def default_path() -> Path:
     folder = os.environ.get("KOPT_CACHE_DIR") or Path.home() / ".cache" / "kopt"
@@ -228,11 +230,19 @@ class KnowledgeBase:
         return sorted(found, key=lambda r: -(r.e2e.median if r.e2e else 0.0))
 
     def has_evaluated(self, candidate: object, environment: Environment | None = None) -> bool:
-        """Whether this proposal (by content hash) was already evaluated (in ``environment``, if given)."""
-        query = "SELECT 1 FROM candidates WHERE candidate_hash = ?"
-        query += " AND environment_key = ?" if environment else ""
+        """Whether this proposal (by content hash) was already evaluated (in ``environment``, if given):
+        a verdict on it is recorded, or its evaluation failed :data:`ERROR_RETRIES` times. An error is
+        the machine's (out of memory, a crashed run) and says nothing of the candidate, so the next run
+        tries again, but not forever."""
+        where = "WHERE candidate_hash = ?" + (" AND environment_key = ?" if environment else "")
         args = (candidate.content_hash,) + ((environment.key,) if environment else ())
-        return self._db.execute(query + " LIMIT 1", args).fetchone() is not None
+        decided = self._db.execute(f"SELECT 1 FROM candidates {where} AND status != ? LIMIT 1",
+                                   (*args, Status.ERROR.value)).fetchone()
+        if decided is not None:
+            return True
+        errors = self._db.execute(f"SELECT COUNT(*) FROM candidates {where} AND status = ?",
+                                  (*args, Status.ERROR.value)).fetchone()[0]
+        return errors >= ERROR_RETRIES
 
     def history(self, candidate_hash: str) -> list[CandidateRecord]:
         """Every evaluation of one proposal, oldest first."""

@@ -3,7 +3,8 @@
 A region of the same class (same computation at other sizes, :attr:`Region.class_key`) tends to
 prefer the same kernel parameters, and a pass that did not pay on one model of a family tends not to
 pay on its sibling; so a proposal whose *lesson key* was accepted before (on another region or graph)
-is tried first, one that was only ever rejected or slower goes last, the rest keep their order (a
+is tried first, one that was only ever rejected or slower goes last (an evaluation that failed
+for the machine's reasons, an error, teaches nothing), the rest keep their order (a
 stable sort: with an empty knowledge base the order is unchanged). This only reorders: every
 candidate is still verified and measured on this model.
 
@@ -41,6 +42,8 @@ def learned(kb: Any) -> tuple[set[tuple], set[tuple]]:
             region = kb.region(signature, missing_ok=True)
             classes[signature] = region.class_key if region else None
         key = lesson_key(Candidate.from_dict(record.candidate), classes[signature])
+        if record.status is Status.ERROR:  # the machine failed, not the candidate: nothing learned
+            continue
         (worked if record.status is Status.ACCEPTED else failed).add(key)
     return worked, failed - worked
 

@@ -17,8 +17,22 @@ from kopt.agent.verify.compare import compare
 from kopt.agent.verify.config import VerifyConfig
 from kopt.agent.verify.reference import Reference
 from kopt.agent.verify.sandbox import ChildRun
-from kopt.agent.verify.verdict import CheckResult
+from kopt.agent.verify.verdict import RESOURCES, CheckResult
 from kopt.agent.verify.workdir import WorkDir
+
+OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory")
+
+
+def out_of_memory(text: str) -> bool:
+    """Whether ``text`` (an exception's or a process's last output) says the device ran out of memory."""
+    return any(marker in text for marker in OUT_OF_MEMORY)
+
+
+def _resources(detail: str, trial: int = -1) -> CheckResult:
+    """A failed ``resources`` check: the machine could not run the trial (another process, the model
+    under optimization, holds the device's memory). It says nothing about the candidate either way:
+    :attr:`Verdict.inconclusive`, an evaluation to retry, never a rejection nor an acceptance."""
+    return CheckResult(RESOURCES, False, f"out of device memory, not the candidate's verdict: {detail}", trial)
 
 
 def run_checks(run: ChildRun) -> list[CheckResult]:
@@ -26,6 +40,8 @@ def run_checks(run: ChildRun) -> list[CheckResult]:
     was not stopped, left no thread behind."""
     if run.report is None:
         tail = (run.stdout_tail + run.stderr_tail)[-600:].strip()
+        if not run.timed_out and out_of_memory(tail):
+            return [_resources(run.ended() + f"; last output: {tail}")]
         return [CheckResult("process", False, run.ended() + (f"; last output: {tail}" if tail else ""))]
     report = run.report
     checks = [CheckResult("process", True, "the harness reported")]
@@ -109,6 +125,8 @@ def call_checks(trial: int, call: dict, work: WorkDir, call_index: int, set_inde
                 candidate: Candidate, config: VerifyConfig, check_late: bool) -> list[CheckResult]:
     """Every per-call rule for one call on input set ``set_index``."""
     if call.get("error"):
+        if out_of_memory(call["error"]):
+            return [_resources(call["error"], trial)]
         return [CheckResult("runs", False, call["error"], trial)]
     checks = structure_checks(trial, call.get("outputs"), ref, candidate.convention)
     mutated = work.mutated_inputs(set_index)

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 
 Number = float | int | str | bool | None
+RESOURCES = "resources"  # the check that fails when the machine, not the candidate, could not run a trial
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,12 @@ class Verdict:
     @property
     def failed(self) -> tuple[CheckResult, ...]:
         return tuple(c for c in self.checks if not c.passed)
+
+    @property
+    def inconclusive(self) -> bool:
+        """Rejected only because the machine could not run it (a failed ``resources`` check first):
+        the candidate was neither shown wrong nor shown right, so its evaluation is an error to retry."""
+        return not self.accepted and bool(self.failed) and self.failed[0].name == RESOURCES
 
     @property
     def failed_names(self) -> set[str]:

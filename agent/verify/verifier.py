@@ -90,6 +90,16 @@ def trial_device(candidate: Candidate, config: VerifyConfig) -> str:
     return config.device if candidate.origin in GENERATED_ORIGINS else "cpu"
 
 
+def release_cached_device_memory() -> None:
+    """A GPU child allocates on the device this process uses, whose caching allocator may hold memory
+    it no longer uses (blocks freed since the model's last runs): hand that back to the driver first,
+    or the child runs out of memory that nothing needs."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def verify(region: Region, candidate: Candidate, config: VerifyConfig | None = None,
            timing: TimingConfig | None = None) -> Verdict:
     """Accept ``candidate`` as a replacement for ``region`` only if every check passes on every
@@ -106,6 +116,8 @@ def verify(region: Region, candidate: Candidate, config: VerifyConfig | None = N
     if device != "cpu":
         log.append(f"trials on {device}: a candidate kopt generated (the walls a GPU child keeps: "
                    f"kopt.agent.verify.child)")
+    if device != "cpu":
+        release_cached_device_memory()
     with tempfile.TemporaryDirectory(prefix="kopt-verify-") as folder:
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=1, warmup=0, device=device)
         run = run_child(Path(folder), timeout_s=config.timeout_s, threads=config.threads, python=config.python,
@@ -132,6 +144,8 @@ def time_candidate(region: Region, candidate: Candidate, config: VerifyConfig | 
     config, timing = config or VerifyConfig(), timing or TimingConfig()
     base = config.seed if config.seed is not None else time.time_ns() % 2**31
     plans = [TrialPlan((), (Profile.NORMAL,) * len(region.inputs), base + k) for k in range(timing.input_sets)]
+    if timing.device != "cpu":
+        release_cached_device_memory()
     with tempfile.TemporaryDirectory(prefix="kopt-time-") as folder:
         work = _prepare(Path(folder), region, candidate, config, plans, calls_per_set=timing.rounds,
                         warmup=timing.warmup, device=timing.device)
