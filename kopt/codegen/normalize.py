@@ -101,6 +101,8 @@ def normalize_step(node: torch.fx.Node, ref: dict[torch.fx.Node, Ref]) -> tuple[
                 return f"{node.name}: rsub with alpha"
             return "sub", (operand(args[1]), operand(args[0])), ()
         if target in _UNARY:
+            if target is aten.clone.default and _layout_change(node):
+                return _layout_change(node)
             return _UNARY[target], (operand(args[0]),), ()
         if target is aten.unsqueeze.default:  # is_candidate checked it appends the last dim
             return "identity", (operand(args[0]),), ()
@@ -129,10 +131,33 @@ def normalize_step(node: torch.fx.Node, ref: dict[torch.fx.Node, Ref]) -> tuple[
     return f"{node.name}: {target} is not in the codegen vocabulary"
 
 
+def _layout_change(node: torch.fx.Node) -> str | None:
+    """Why a copy (``clone``, ``_to_copy``) cannot be a step: it writes another memory layout than its
+    source's (``.contiguous()`` of a transposed tensor), and a fused kernel writes each output in the
+    layout of the region's elementwise inputs, so what follows (a ``view`` that needs the contiguous
+    copy) would see the old layout. Strides of size-1 dims never matter; a stride not provably equal
+    (symbolic sizes) counts as a change."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    source = node.args[0] if node.args else None
+    before = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    after = node.meta.get("val")
+    if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)) or before.dim() != after.dim():
+        return None
+    same = all(statically_known_true(size == 1) or statically_known_true(a == b)
+               for size, a, b in zip(after.shape, before.stride(), after.stride(), strict=True))
+    if same:
+        return None
+    return (f"{node.name}: copies into another memory layout (strides {tuple(before.stride())} -> "
+            f"{tuple(after.stride())}), which a fused kernel would not")
+
+
 def _normalize_cast(node: torch.fx.Node, source: Arg) -> tuple[str, tuple[Arg, ...], tuple] | str:
     unknown = set(node.kwargs) - _COPY_KWARGS
     if unknown or node.kwargs.get("layout") not in (None, torch.strided):
         return f"{node.name}: _to_copy with {sorted(unknown) or 'a layout change'}"
+    if _layout_change(node):
+        return _layout_change(node)
     source_node, value = node.args[0], node.meta.get("val")
     if node.kwargs.get("device") is not None and torch.device(node.kwargs["device"]) != value.device:
         return f"{node.name}: _to_copy changes device"

@@ -169,6 +169,11 @@ def build_region(nodes: Iterable[torch.fx.Node], position: Positions | None = No
                 kind = "row_flat"
             else:
                 return f"{node.name} of shape {shape} is needed outside but is smaller than the rows {full}"
+            if not node.meta["val"].is_contiguous():
+                # the generated op writes contiguous outputs: a reader that relies on the layout eager
+                # gave it (a view of a transposed copy) would fail, or see other strides
+                return (f"{node.name} is needed outside laid out non-contiguously (strides "
+                        f"{tuple(node.meta['val'].stride())}); the generated kernel writes contiguous rows")
             outputs.append(Output(ref[node].index, node.name, kind, dtype))
             output_nodes.append(node)
     if not outputs:

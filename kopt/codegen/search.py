@@ -18,7 +18,8 @@ import torch
 from kopt.codegen.region import Region, build_region, is_candidate, is_reduction, positions, with_getitems
 
 MIN_OPS = 2  # a single op is already one kernel in aten; fusing pays from two
-_REDUCTION_RULES = ("two reductions", "reduction over", "reduces a value broadcast", "mixes a reduction")
+_NEAR_MISS_RULES = ("two reductions", "reduction over", "reduces a value broadcast", "mixes a reduction",
+                    "laid out non-contiguously")
 
 
 @dataclasses.dataclass
@@ -35,8 +36,9 @@ def _compute_ops(region: Region) -> int:
 
 
 def _reportable(reason: str) -> bool:
-    """Growth refusals that explain a missed fusion (the reduction rules), not plain region boundaries."""
-    return any(phrase in reason for phrase in _REDUCTION_RULES)
+    """Refusals that explain a missed fusion (the reduction rules, an output layout the generated op
+    would not keep), not plain region boundaries."""
+    return any(phrase in reason for phrase in _NEAR_MISS_RULES)
 
 
 def find_regions(graph: torch.fx.Graph, *, min_ops: int = MIN_OPS) -> Search:
@@ -50,7 +52,7 @@ def find_regions(graph: torch.fx.Graph, *, min_ops: int = MIN_OPS) -> Search:
             continue
         start = build_region([seed], position)
         if isinstance(start, str):
-            if is_reduction(seed):  # a reduction of another shape: a near miss worth naming
+            if is_reduction(seed) or _reportable(start):  # e.g. a reduction of another shape: worth naming
                 refusals.setdefault(seed, start)
             continue  # other boundaries (float64, complex, integer values) are not near misses
         members = set(start.members)

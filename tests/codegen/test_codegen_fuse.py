@@ -49,6 +49,27 @@ def test_fires_and_matches_the_unfused_graph(tmp_path):
         assert got.dtype == want.dtype and rel_err(got, want) < 2e-2
 
 
+def _rotate_then_merge_heads(q, cos):
+    """Elementwise work on a transposed view keeps eager's layout (heads inner), so merging the heads
+    back is a plain view: what transformers' attention does with RoPE'd queries."""
+    heads = q.transpose(1, 2)
+    rotated = heads * cos + heads * 0.5
+    return rotated.transpose(1, 2).view(q.shape[0], q.shape[1], -1)
+
+
+def test_a_region_whose_output_eager_lays_out_non_contiguously_is_left_alone(tmp_path):
+    """The generated op writes contiguous outputs; fusing here would break the view that follows
+    (or hand later ops other strides), so the region is a near miss that says why."""
+    g = torch.Generator().manual_seed(3)
+    q, cos = torch.randn(2, 7, 3, 16, generator=g), torch.randn(7, 16, generator=g)
+    graph_module = trace_function(_rotate_then_merge_heads, q, cos)
+    (record,) = run_passes(graph_module, [CodegenFuse()], strict=True, trace_dir=tmp_path)
+    assert record.matches.get(RULE, 0) == 0
+    assert any("non-contiguously" in m.reason for m in record.near_misses), record.near_misses
+    q, cos = torch.randn(2, 7, 3, 16, generator=g), torch.randn(7, 16, generator=g)
+    assert rel_err(graph_module(q, cos), _rotate_then_merge_heads(q.double(), cos.double())) < 1e-6
+
+
 class TinyMLPBlock(torch.nn.Module):
     def __init__(self, width: int = 24) -> None:
         super().__init__()
