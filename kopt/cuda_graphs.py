@@ -102,6 +102,21 @@ class _Recorded:
     copied: list[int]  # the inputs copied into the recorded buffers before each replay (not weights)
 
 
+def describe_failure(error: BaseException) -> str:
+    """``error`` for a human, by its first cause: an op that cannot run while a stream is capturing
+    raises inside ``torch.cuda.graph``, whose exit then raises "operation failed due to a previous
+    error during capture", which says nothing of the op; the first one does."""
+    seen, first = {id(error)}, error
+    while first.__context__ is not None and id(first.__context__) not in seen:
+        first = first.__context__
+        seen.add(id(first))
+
+    def line(e: BaseException) -> str:
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+    return line(first) if first is error else f"{line(first)} (then {line(error)})"
+
+
 class CudaGraphRunner:
     """``fn(*args)`` replayed from a CUDA graph per input signature (see the module docstring)."""
 
@@ -155,8 +170,7 @@ class CudaGraphRunner:
             try:
                 recorded = self._record(args, inputs_signature)
             except Exception as error:  # noqa: BLE001 - an uncapturable op: run without graphs from now on
-                first_line = (str(error).splitlines() or [""])[0][:200]
-                self.stats.disabled = f"recording failed: {type(error).__name__}: {first_line}"
+                self.stats.disabled = f"recording failed: {describe_failure(error)}"
                 torch.cuda.synchronize()
                 self.stats.plain_calls += 1
                 return self.fn(*args)
