@@ -79,12 +79,15 @@ def _power(a: Sequence[Operand], function: str) -> str:
     return f"{function}.exp({lit(exponent)} * {function}.log({base}))"
 
 
+_NAN = "propagate_nan=tl.PropagateNan.ALL"  # torch's max/min/clamp/relu keep a NaN; Triton's default drops it
+
+
 def _clamp_triton(a: Sequence[Operand]) -> str:
     text = lit(a[0])
     if a[1] is not None:
-        text = f"tl.maximum({text}, {lit(a[1])})"
+        text = f"tl.maximum({text}, {lit(a[1])}, {_NAN})"
     if a[2] is not None:
-        text = f"tl.minimum({text}, {lit(a[2])})"
+        text = f"tl.minimum({text}, {lit(a[2])}, {_NAN})"
     return text
 
 
@@ -111,7 +114,7 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "cos": _unary("tl.cos({a})", "torch.cos({a})"),
     "sigmoid": _unary("tl.sigmoid({a})", "torch.sigmoid({a})"),
     "tanh": _unary("2.0 * tl.sigmoid(2.0 * {a}) - 1.0", "torch.tanh({a})"),
-    "relu": _unary("tl.maximum({a}, 0.0)", "torch.relu({a})"),
+    "relu": _unary(f"tl.maximum({{a}}, 0.0, {_NAN})", "torch.relu({a})"),
     "silu": _unary("{a} * tl.sigmoid({a})", "torch.nn.functional.silu({a})"),
     "gelu_tanh": _unary(f"{{a}} * tl.sigmoid({_TWO_SQRT_2_OVER_PI!r} * ({{a}} + 0.044715 * {{a}} * {{a}} * {{a}}))",
                         'torch.nn.functional.gelu({a}, approximate="tanh")'),
@@ -121,9 +124,9 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "round_bf16": _unary("{a}.to(tl.bfloat16).to(tl.float32)", "{a}.to(torch.bfloat16).float()"),
     "round_fp16": _unary("{a}.to(tl.float16).to(tl.float32)", "{a}.to(torch.float16).float()"),
     "pow": Elementwise(2, lambda a: _power(a, "tl"), lambda a: _power(a, "torch")),
-    "maximum": Elementwise(2, lambda a: f"tl.maximum({lit(a[0])}, {lit(a[1])})",
+    "maximum": Elementwise(2, lambda a: f"tl.maximum({lit(a[0])}, {lit(a[1])}, {_NAN})",
                            lambda a: f"torch.maximum({lit(a[0])}, {lit(a[1])})"),
-    "minimum": Elementwise(2, lambda a: f"tl.minimum({lit(a[0])}, {lit(a[1])})",
+    "minimum": Elementwise(2, lambda a: f"tl.minimum({lit(a[0])}, {lit(a[1])}, {_NAN})",
                            lambda a: f"torch.minimum({lit(a[0])}, {lit(a[1])})"),
     "where": Elementwise(3, lambda a: f"tl.where({lit(a[0])}, {lit(a[1])}, {lit(a[2])})",
                          lambda a: f"torch.where({lit(a[0])}, {lit(a[1])}, {lit(a[2])})"),

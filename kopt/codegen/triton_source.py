@@ -85,9 +85,10 @@ def _triton_reduction(step: Step, name: str, operands: list[Operand]) -> list[st
     if step.op in ("sum", "mean"):
         total = f"tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None]"
         return [f"{name} = {total}" + (" / N" if step.op == "mean" else "")]
-    if step.op in ("amax", "amin"):
+    if step.op in ("amax", "amin"):  # a row holding a NaN reduces to NaN, as torch.amax/amin do
         fill, fn = ('-float("inf")', "tl.max") if step.op == "amax" else ('float("inf")', "tl.min")
-        return [f"{name} = {fn}(tl.where(mask, {x}, {fill}), axis=1)[:, None]"]
+        return [f"{name}_nan = tl.max(tl.where(mask & ({x} != {x}), 1, 0), axis=1)[:, None] > 0",
+                f"{name} = tl.where({name}_nan, float('nan'), {fn}(tl.where(mask, {x}, {fill}), axis=1)[:, None])"]
     lines = [f"{name}_mean = tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None] / N",
              f"{name}_diff = tl.where(mask, {x} - {name}_mean, 0.0)"]
     if step.op in ("var", "var_mean"):

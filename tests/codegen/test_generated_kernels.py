@@ -131,3 +131,33 @@ def test_non_contiguous_input_read_through_its_strides():
     generated = compile_region(region)
     (got,) = generated.module.launch(x, weight)
     assert rel_err(got, rms_norm(x, weight)) < 1e-5
+
+
+
+def row_quantize(x):
+    """FP8 row quantization as the graph spells it: torch's amax and clamp keep a NaN."""
+    scale = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+    return scale, (x.float() / scale).clamp(-448.0, 448.0)
+
+
+def relu_of_max(x, y):
+    return torch.relu(torch.minimum(torch.maximum(x, y * 0.5), x + 1.0))
+
+
+@pytest.mark.parametrize("fn", [row_quantize, relu_of_max])
+def test_nan_reaches_the_outputs_where_torch_puts_it(fn):
+    """A NaN in a row makes its amax NaN, and max/min/clamp/relu pass a NaN on: the generated kernel
+    must agree with eager on which outputs are NaN (a kernel that drops them would mask a bad input)."""
+    x, y = _randn((7, 37), torch.float32, 11), _randn((7, 37), torch.float32, 12)
+    x[2, 5] = y[3, 1] = float("nan")
+    x[4, 0] = float("inf")
+    inputs = (x,) if fn is row_quantize else (x, y)
+    graph_module, region = only_region(fn, *inputs)
+    got = compile_region(region).module.launch(*region_inputs(graph_module, region, *inputs))
+    wanted = fn(*inputs)
+    wanted = wanted if isinstance(wanted, tuple) else (wanted,)
+    for g, want in zip(got, wanted, strict=True):
+        assert torch.isnan(want).any()
+        assert torch.equal(torch.isnan(g), torch.isnan(want)), (torch.isnan(g).sum(), torch.isnan(want).sum())
+        finite = torch.isfinite(want)
+        assert rel_err(g[finite], want[finite]) < 1e-5
