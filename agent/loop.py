@@ -152,6 +152,9 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
     measure it end to end on top of ``accepted``; a pipeline choice's check is the end-to-end one.
     ``verified``: the pool's verification of it, done ahead (the sandbox is not run again)."""
     verdict, micro_result = None, None
+    keep_only = getattr(clock, "keep_only", None)
+    if keep_only is not None:  # sides of candidates already judged hold memory the next steps need
+        keep_only(accepted)
     if candidate.kind is not CandidateKind.PASS_CHOICE:
         nothing = changes_nothing(graphs, accepted, candidate)
         if nothing:  # the region is gone under what was accepted: its candidate cannot act

@@ -180,6 +180,19 @@ class RegionalClock:
         log.info("agent: compiled one side regionally in %.1f s", self.build_seconds[-1])
         return side
 
+    def keep_only(self, chosen: Mapping[str, Candidate]) -> None:
+        """Dispose every side but ``chosen``'s (the baseline of the next A/B): a side of a candidate
+        already judged is never timed again, and on a large model (FLUX.2: 64 GB of weights, ~32 GB
+        per FP8 side) its memory is what the verifier's child and the micro step need next."""
+        key = self._key(chosen)
+        spare = [k for k in self._sides if k != key]
+        for k in spare:
+            self._sides.pop(k).dispose()
+        if spare:
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
     def model_checks(self, chosen: Mapping[str, Candidate], contract: Contract, seed: int) -> list[dict]:
         """The model's output with ``chosen`` against its higher-precision reference, on fresh inputs
         (:func:`fresh_inputs`), within ``contract`` (eager bf16's own error is the budget's base):

@@ -263,3 +263,25 @@ def test_the_region_plot_marks_regions_a_pipeline_choice_rewrote_away(tmp_path):
     gone = [r for r in rows if math.isnan(r[2])]
     assert gone and all(r[1] > 0 for r in gone)
     assert result.plot(tmp_path / "regions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_once_a_candidate_is_judged_only_the_next_baselines_side_stays():
+    """keep_only drops the sides no later A/B times (their memory goes to the verifier and the micro
+    step); the kept side still runs the whole forward with its candidates."""
+    model, inputs = tiny_block_stack()
+    candidate, signature = _gated_candidate(model, inputs)
+    clock = RegionalClock(model, inputs, lower="eager")
+    try:
+        clock.samples({}, 1, 0)
+        clock.samples({signature: candidate}, 1, 0)
+        assert len(clock._sides) == 2
+        clock.keep_only({signature: candidate})  # the candidate was accepted: it is the next baseline
+        assert list(clock._sides) == [clock._key({signature: candidate})]
+        fresh = torch.randn(2, 24, 32)
+        side = clock._side({signature: candidate})
+        side.activate()
+        with torch.no_grad():
+            got = side.compiled(fresh)
+    finally:
+        clock.close()
+    assert _rel_err(got, reference_forward(model, fresh)) < 1e-5
