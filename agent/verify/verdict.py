@@ -84,9 +84,10 @@ class Verdict:
 
     @property
     def inconclusive(self) -> bool:
-        """Rejected only because the machine could not run it (a failed ``resources`` check first):
-        the candidate was neither shown wrong nor shown right, so its evaluation is an error to retry."""
-        return not self.accepted and bool(self.failed) and self.failed[0].name == RESOURCES
+        """Rejected only because the machine could not run it (every failed check a ``resources`` one):
+        the candidate was neither shown wrong nor shown right, so its evaluation is an error to retry.
+        One trial that ran and failed settles it: rejected."""
+        return not self.accepted and bool(self.failed) and all(c.name == RESOURCES for c in self.failed)
 
     @property
     def failed_names(self) -> set[str]:

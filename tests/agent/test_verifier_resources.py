@@ -79,3 +79,14 @@ def test_the_loop_records_it_as_an_error_and_a_later_run_retries_it_twice_at_mos
     slow = _candidate(region, "def candidate(x):\n    return x * 3.0 + 1.0\n")
     kb.record_candidate(slow, status=Status.SLOWER, reason="no gain", environment=environment)
     assert kb.has_evaluated(slow, environment)
+
+
+def test_one_trial_that_ran_and_failed_settles_it_even_if_another_ran_out_of_memory():
+    from kopt.agent.verify.verdict import CheckResult, decide
+
+    out = CheckResult("resources", False, "out of device memory, not the candidate's verdict: ...", 0)
+    wrong = CheckResult("values", False, "rel 0.5 > bound 1e-5", 1)
+    assert decide([out], 2, 0.1, "").inconclusive
+    for checks in ([out, wrong], [wrong, out]):
+        verdict = decide(checks, 2, 0.1, "")
+        assert not verdict.accepted and not verdict.inconclusive
