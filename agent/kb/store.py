@@ -24,6 +24,23 @@ from pathlib import Path
 from kopt.agent.kb.records import CandidateRecord, Environment, Lesson, Measurement, Outcome, RegionRecord, Status
 from kopt.agent.kb.schema import migrate
 
+
+def _use_wal(db: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch the file to WAL. Switching a new file takes an exclusive lock for which SQLite does not
+    wait (the busy timeout does not apply), so when two processes open a new knowledge base at once
+    one of them got "database is locked" at once; it waits here, as for any other write."""
+    deadline, delay = time.monotonic() + timeout_s, 0.002
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.1)
+
+
 ERROR_RETRIES = 2  # failed evaluations of one candidate (ERROR records) after which runs stop retrying it
 
 
@@ -45,7 +62,7 @@ class KnowledgeBase:
         self._db = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
         self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
+        _use_wal(self._db, busy_timeout_s)
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         self.schema_version = migrate(self._db)

@@ -20,7 +20,10 @@ def main() -> None:
         kb.record_region(region, model=f"worker{worker}")
         folder = Path(path).parent
         (folder / f"ready-{worker}").touch()
+        waited = time.monotonic() + 120
         while len(list(folder.glob("ready-*"))) < workers:  # every worker starts writing at the same moment
+            if time.monotonic() > waited:
+                raise SystemExit("the other writer never became ready (it failed: see its stderr)")
             time.sleep(0.001)
         for index in range(count):
             start = time.monotonic()

@@ -160,6 +160,24 @@ def test_two_processes_write_at_once(tmp_path):
         assert len({r.candidate_hash for r in kb.candidates()}) == 120
 
 
+def test_two_processes_open_a_new_file_at_once():
+    """Switching a new file to WAL is not covered by SQLite's busy timeout: two processes opening a new
+    KB at the same moment used to fail one time in two with "database is locked"."""
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        start = str(time.time() + 15)  # both have imported kopt by then
+        workers = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "agent" / "kb_opener.py"), folder, start,
+                                     "12"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                   for _ in range(2)]
+        outputs = [w.communicate(timeout=180) for w in workers]
+    for worker, (out, errors) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, errors[-2000:]
+        assert len(out.splitlines()) == 12
+
+
 def _filled(kb: KnowledgeBase) -> None:
     region = scaled_gelu_region()
     kb.record_region(region, model="flux1")
