@@ -1,7 +1,7 @@
 """Progress of a compile on stderr: one status line rewritten in place on a terminal, plain lines otherwise.
 
 kopt logs each step of a compile at INFO on the ``kopt`` logger: dynamo tracing, capture, every pass,
-each lowering stage and every kernel autotuning (``kernels/_autotune.py``). Those records are the
+each lowering stage and every kernel autotuning (``kopt/kernels/_autotune.py``). Those records are the
 progress; this module only shows them while a compile runs, so a model that takes minutes to compile
 is never silent, and a program that configured logging itself gets the same records its own way.
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MOUNTS = {"kopt": ROOT / "kopt", "kopt.kernels": ROOT / "kernels", "kopt.agent": ROOT / "agent"}
+MOUNTS = {"kopt": ROOT / "kopt", "kopt.agent": ROOT / "agent"}
 
 
 def _modules() -> dict[str, Path]:

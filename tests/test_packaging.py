@@ -1,8 +1,8 @@
 """The wheel: what ``pip install .`` installs must hold every module of the checkout.
 
 An editable install reads the source tree and hides a package missing from the wheel's package list;
-this test builds the real wheel and compares it with what git tracks under ``kopt/``, ``kernels/``
-(``kopt.kernels``) and ``agent/`` (``kopt.agent``). ``.ci/run`` also installs that wheel in a fresh
+this test builds the real wheel and compares it with what git tracks under ``kopt/`` and ``agent/``
+(``kopt.agent``). ``.ci/run`` also installs that wheel in a fresh
 venv and compiles a model with it from outside the checkout.
 """
 
@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
-MOUNTS = {"kopt": "kopt", "kernels": "kopt/kernels", "agent": "kopt/agent"}  # folder -> path in the wheel
+MOUNTS = {"kopt": "kopt", "agent": "kopt/agent"}  # folder -> path in the wheel
 
 
 def _tracked(folder: str) -> list[str]:
@@ -40,7 +40,7 @@ NEW_SUBPACKAGE = "_added_later"  # put in each folder's copy: discovery must fin
 
 def _build_wheel(tmp_path: Path) -> Path:
     """Build from a copy of the tracked sources (no stale ``build/`` of the checkout can leak in), with a
-    new subpackage ``_added_later/deeper`` in each of kopt/, kernels/ and agent/."""
+    new subpackage ``_added_later/deeper`` in each of kopt/ and agent/."""
     source = tmp_path / "src"
     top_level = [p for p in ("pyproject.toml", "setup.py", "README.md") if (ROOT / p).exists()]
     for relative in top_level + [f for folder in MOUNTS for f in _tracked(folder)]:
@@ -60,7 +60,7 @@ def _build_wheel(tmp_path: Path) -> Path:
 
 
 def test_the_wheel_holds_every_tracked_module(tmp_path):
-    """Every file git tracks under kopt/, kernels/, agent/ is in the wheel at its installed path, and so is
+    """Every file git tracks under kopt/ and agent/ is in the wheel at its installed path, and so is
     a subpackage added to any of them; the console script and the dynamo backend are declared."""
     wheel = zipfile.ZipFile(_build_wheel(tmp_path))
     names = set(wheel.namelist())
@@ -82,3 +82,16 @@ def test_every_declared_dependency_is_imported():
     for requirement in declared:
         module = re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].replace("-", "_")
         assert re.search(rf"^\s*(import|from) {module}\b", sources, re.MULTILINE), f"{requirement} is never imported"
+
+
+def test_no_folder_of_the_checkout_shadows_an_installed_package():
+    """pytest and ``python`` run from the checkout put its root first on ``sys.path``, so a top-level
+    package folder named like another distribution's module hides that module from everything that
+    imports it (transformers imports Hugging Face's ``kernels``: a top-level ``kernels/`` broke it)."""
+    import importlib.metadata
+
+    owners = importlib.metadata.packages_distributions()
+    folders = [p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()]
+    assert "kopt" in folders
+    shadowing = {name: owners[name] for name in folders if name != "kopt" and name in owners}
+    assert not shadowing, f"checkout folders named like installed modules: {shadowing}"

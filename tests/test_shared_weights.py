@@ -125,7 +125,7 @@ def test_a_new_parameter_object_is_derived_again():
 def test_a_compilation_for_new_shapes_reuses_the_merged_storage():
     """A second graph (new shapes, static) concatenates weights that already are consecutive rows of
     the first graph's merged weight: it reads that same storage instead of copying it."""
-    model, reference, compiled = _compiled(dynamic=False)
+    _, reference, compiled = _compiled(dynamic=False)
     with torch.no_grad():
         for length in (8, 5):
             x = torch.randn(2, length, 32)

@@ -33,7 +33,7 @@ _MARK = "kopt_breakdown_forward_"
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gemm", ("triton_tem_",)),
     ("norm_elementwise", ("triton_",)),
-    # kopt's own Triton kernels (kernels/*.py: "_<name>_kernel"; kopt/codegen: "kopt_gen_*")
+    # kopt's own Triton kernels (kopt/kernels/*.py: "_<name>_kernel"; kopt/codegen: "kopt_gen_*")
     ("norm_elementwise", ("adaln_modulation", "gated_residual", "qk_norm_rope", "gelu_tanh", "swiglu",
                           "activation_quant", "kv_quant", "kopt_")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),

@@ -2,11 +2,11 @@
 """SASS instruction counts of kopt's activation + FP8 quantize kernel, compiled for sm_90 on this
 machine (no GPU needed: Triton's bundled ptxas and cuobjdump do the work).
 
-    python benchmarks/tools/sass.py          # per-value counts, with and without kernels/_fastmath.py's PTX forms,
+    python benchmarks/tools/sass.py          # per-value counts, with and without kopt/kernels/_fastmath.py's PTX forms,
                                        # then registers / global loads of the layouts the docstrings cite
 
 Why: the kernel is bound by instruction issue rather than memory bandwidth on the H200, so the
-number of instructions each value costs is what its speed follows (``kernels/activation_quant.py``).
+number of instructions each value costs is what its speed follows (``kopt/kernels/activation_quant.py``).
 The counts are per value of the row: whole-kernel SASS instructions (one program, one row) divided
 by the 12288 columns one program's threads share, so a layout's idle lanes count against it. Each
 layout runs with the num_warps the autotuner chose for it on the H200.

@@ -1,8 +1,8 @@
-"""Merge autotune caches written by GPU benchmark runs into the choices kopt ships (kernels/tuned/).
+"""Merge autotune caches written by GPU benchmark runs into the choices kopt ships (kopt/kernels/tuned/).
 
     python benchmarks/tools/ship_autotune.py benchmarks/results/*.autotune.json
 
-One file per GPU model (``kernels/tuned/<gpu>.json``, e.g. ``nvidia-h200.json``), in the tuner's own
+One file per GPU model (``kopt/kernels/tuned/<gpu>.json``, e.g. ``nvidia-h200.json``), in the tuner's own
 format; later inputs win for a key measured twice. Only entries whose config holds integers are
 kept (the tuner's own validity rule). See :mod:`kopt.kernels._autotune` for how they are used.
 """
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("caches", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=REPO / "kernels" / "tuned")
+    parser.add_argument("--out", type=Path, default=REPO / "kopt" / "kernels" / "tuned")
     args = parser.parse_args(argv)
     by_gpu: dict[str, dict[str, dict]] = {}
     for cache in args.caches:

@@ -48,7 +48,8 @@ def _seed(*key):
 
 @pytest.mark.parametrize("mode", ["complex", "real"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("b,s,h,d", [(2, 5, 2, 64), (1, 5, 3, 48), (1, 3, 1, 2), (1, 4, 1, 512)])  # last: heads flattened
+# the last shape: heads flattened
+@pytest.mark.parametrize("b,s,h,d", [(2, 5, 2, 64), (1, 5, 3, 48), (1, 3, 1, 2), (1, 4, 1, 512)])
 def test_launch_matches_reference(b, s, h, d, dtype, mode):
     x, weight, cos, sin = _inputs(b, s, h, d, dtype, mode, _seed(b, s, h, d, dtype, mode))
     out = mod.launch(x, weight, cos, sin, EPS, mode)

@@ -12,7 +12,7 @@ candidate (``triton.testing.do_bench``, median) and keeps the fastest; later lau
   by kernel, shape key, device name and Triton version; written atomically (temp file + rename),
   merged with what other processes wrote. A corrupt or stale file is ignored with a warning; a
   cached config that is no longer a candidate (the kernel changed) is tuned again.
-* Choices measured by kopt's own GPU benchmarks ship with it (``kernels/tuned/*.json``, the same
+* Choices measured by kopt's own GPU benchmarks ship with it (``kopt/kernels/tuned/*.json``, the same
   format and keys): on a GPU and Triton version listed there, a first compile reuses them instead of
   timing every candidate (on an H200 that is most of a cold compile's time). The user's file wins
   over them, and ``KOPT_AUTOTUNE_SHIPPED=0`` ignores them. Valid because a key names the GPU model
