@@ -9,7 +9,9 @@ which calls :func:`torch.nn.functional.scaled_dot_product_attention` under
 
 Why it is valid: every backend computes softmax(q kᵀ · scale + mask) v; they differ in tiling and
 accumulation order (float32 accumulation in all), so the result is equal within rounding, which the
-``sdpa-backend`` contract (tolerance 1e-2, the attention kernels' own) states. Nodes with dropout, or
+``sdpa-backend`` contract (tolerance 1e-2, the attention kernels' own) states. Grouped-query attention
+(fewer key/value heads than query heads, as the captured fused ops take it) is passed on as such where
+the backend takes it and with the key/value heads repeated where it does not. Nodes with dropout, or
 whose log-sum-exp or other outputs are read, are left alone. The op has a fake implementation, so the
 rewritten graph runs as FX and lowers with Inductor (an extern kernel call).
 """
@@ -33,6 +35,9 @@ BACKEND_OPS = {
 }
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "cudnn": "CUDNN_ATTENTION"}
+# Backends that take fewer key/value heads than query heads themselves (``enable_gqa``); for the others
+# the key and value heads are repeated to the query's count first, which is the same attention.
+GQA_BACKENDS = ("flash", "math")
 # Which backends a device offers for a dense float attention (the proposer's choices).
 DEVICE_BACKENDS = {"cpu": ("math", "flash"), "cuda": ("flash", "efficient", "cudnn", "math")}
 
@@ -44,9 +49,15 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
           scale: float | None, backend: str) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    grouped = {}
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves several query heads
+        if backend in GQA_BACKENDS:
+            grouped = {"enable_gqa": True}
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     with sdpa_kernel([getattr(SDPBackend, BACKENDS[backend])]):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                                               scale=scale)
+                                                               scale=scale, **grouped)
     laid_out = _sdpa_fake(q, k, v, mask, is_causal, scale, backend)
     if out.stride() == laid_out.stride():
         return out

@@ -4,6 +4,7 @@
 import json
 import shutil
 
+import pytest
 import torch
 
 import kopt
@@ -153,3 +154,29 @@ def test_fp8_config_gives_one_choice_per_granularity_with_the_config_kept():
     assert len(fp8_choices(base_pipeline(), Fp8Config(attention=True))) == len(Granularity)
     row = next(c for c in choices if "row" in c.change)
     assert "fuse-adaln-quant" in row.passes and "residual-fp32" not in row.passes
+
+
+@pytest.mark.parametrize("repeat_heads", [False, True], ids=["backend-groups", "heads-repeated"])
+def test_attention_choice_on_grouped_query_attention_runs_and_matches(monkeypatch, repeat_heads):
+    """A Llama block's causal attention reads 2 query heads per key/value head (the captured flash node
+    takes them as they are, no broadcast can pair 4 heads with 2); rewritten onto the other backend the
+    graph still runs and stays within the contract against the float64 reference, whether the backend
+    groups the heads itself or takes them repeated (as cuDNN's and the efficient kernel's choices do)."""
+    import kopt.agent.sdpa_backend as sdpa_backend
+
+    transformers = pytest.importorskip("transformers")
+    if repeat_heads:
+        monkeypatch.setattr(sdpa_backend, "GQA_BACKENDS", ())
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    inputs = dict(input_ids=torch.randint(0, 64, (1, 12)), attention_mask=torch.ones(1, 12, dtype=torch.int64),
+                  use_cache=False, return_dict=False)
+    graph = capture_graphs(model, inputs, regional=True)[0]
+    (choice,) = attention_choices(graph.graph_module, base_pipeline(), "cpu")
+    assert choice.sdpa[0][0].startswith("q[1, 4, 12, 16]k[1, 2, 12, 16]")
+    rewritten = run_choice(graph.original, choice)
+    assert sum(n.target is SDPA_OP for n in rewritten.graph.nodes) == 1
+    checks = output_checks(graph.original, rewritten, random_args(graph.original, seed=5), choice.contract)
+    assert checks and all(c["ok"] for c in checks) and 0 < checks[0]["rel_err"] < 1e-5
