@@ -8,6 +8,13 @@ for the machine's reasons, an error, teaches nothing), the rest keep their order
 stable sort: with an empty knowledge base the order is unchanged). This only reorders: every
 candidate is still verified and measured on this model.
 
+Among the proposals that worked before, the one accepted deepest goes first: a choice accepted on a
+graph on top of k choices kept before it there (its depth, k) was measured better than where those k
+had taken that graph, so the deepest is the best state another model reached that one proposal can
+carry. An FP8 choice carries the whole FP8 configuration (granularity and attention), so proposing
+"row scales + FP8 attention" first reaches in one evaluation what took three (tensor scales, then row
+scales on top, then FP8 attention on top); the shallower ones are then measured on top of it.
+
 Lesson keys: a region candidate's region class plus its parameters; a pipeline choice's change with
 the attention shape left out (``attention on math``), since shapes differ between models.
 """
@@ -20,7 +27,7 @@ from typing import Any
 
 from kopt.agent.candidate import Candidate, CandidateKind
 
-_SHAPE = re.compile(r"attention \S+ on ")
+_SHAPE = re.compile(r"^attention .* on ")  # the shape key holds spaces: "q[1, 24, 4352, 128]k[...]bfloat16"
 
 
 def lesson_key(candidate: Candidate, class_key: str | None) -> tuple:
@@ -31,12 +38,14 @@ def lesson_key(candidate: Candidate, class_key: str | None) -> tuple:
     return (candidate.kind.value, class_key, tuple(sorted((k, str(v)) for k, v in candidate.params)))
 
 
-def learned(kb: Any) -> tuple[set[tuple], set[tuple]]:
-    """Lesson keys accepted anywhere in ``kb``, and those never accepted but tried."""
+def learned(kb: Any) -> tuple[dict[tuple, int], set[tuple]]:
+    """Lesson keys accepted anywhere in ``kb`` with the deepest each was accepted at (the number of
+    candidates accepted on that region or graph before it), and those never accepted but tried."""
     from kopt.agent.kb import Status
 
-    worked, failed, classes = set(), set(), {}
-    for record in kb.latest():
+    worked: dict[tuple, int] = {}
+    failed, classes, kept = set(), {}, {}
+    for record in kb.latest():  # oldest first: what was kept on a graph before each record
         signature = record.region_signature
         if signature not in classes:
             region = kb.region(signature, missing_ok=True)
@@ -44,17 +53,23 @@ def learned(kb: Any) -> tuple[set[tuple], set[tuple]]:
         key = lesson_key(Candidate.from_dict(record.candidate), classes[signature])
         if record.status is Status.ERROR:  # the machine failed, not the candidate: nothing learned
             continue
-        (worked if record.status is Status.ACCEPTED else failed).add(key)
-    return worked, failed - worked
+        if record.status is Status.ACCEPTED:
+            depth = kept.get((record.environment_key, signature), 0)
+            kept[(record.environment_key, signature)] = depth + 1
+            worked[key] = max(worked.get(key, 0), depth)
+        else:
+            failed.add(key)
+    return worked, failed - set(worked)
 
 
 def warm_order(candidates: Iterable[Candidate], kb: Any, class_keys: Mapping[str, str]) -> list[Candidate]:
-    """``candidates`` with those whose lesson key worked before first and failed ones last."""
+    """``candidates`` with those whose lesson key worked before first (the deepest accepted first) and
+    failed ones last."""
     worked, failed = learned(kb)
     listed = list(candidates)
 
-    def rank(candidate: Candidate) -> int:
+    def rank(candidate: Candidate) -> tuple[int, int]:
         key = lesson_key(candidate, class_keys.get(candidate.region_signature))
-        return 0 if key in worked else 2 if key in failed else 1
+        return (0, -worked[key]) if key in worked else (2, 0) if key in failed else (1, 0)
 
     return sorted(listed, key=rank)

@@ -90,3 +90,42 @@ def test_fp8_choices_lead_only_when_half_the_time_outside_regions_beats_every_re
     elementwise_bound = types.SimpleNamespace(total_s=0.100, regions=[region(0.080, 0.060)])  # 20 ms: 10 < 60
     assert fp8_leads(candidates, elementwise_bound) == set()
     assert fp8_leads(candidates, types.SimpleNamespace(total_s=0.0, regions=[])) == set()
+
+
+def test_the_choice_accepted_deepest_on_another_model_goes_first(tmp_path):
+    """Another model's graph kept FP8 tensor scales, then row scales on top, then row scales + FP8
+    attention on top, and found block scales slower: on a new model's graph the warm order tries the
+    deepest (the whole end state, one evaluation) first, then the shallower ones, the slower one last."""
+    from kopt.agent.kb import KnowledgeBase, Status
+    from kopt.agent.pipeline_choice import to_candidate
+    from kopt.agent.propose.pipeline import base_pipeline, fp8_choices
+    from kopt.agent.propose.warm import warm_order
+    from kopt.fp8.config import Fp8Config
+    from tests.agent.kb_helpers import GPU_ENV, scaled_gelu_region
+
+    def choices(signature: str) -> dict[str, Candidate]:
+        found = {c.change: to_candidate(signature, c) for c in fp8_choices(base_pipeline(), Fp8Config())}
+        return found | {"drop residual-fp32": _choice("g", "drop residual-fp32")}
+
+    first, second = scaled_gelu_region(32), scaled_gelu_region(48)
+    old = choices(first.signature)
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        kb.record_region(first)
+        history = [("fp8 tensor scales", Status.ACCEPTED), ("fp8 block-1x128 scales", Status.SLOWER),
+                   ("fp8 row scales", Status.ACCEPTED), ("fp8 row scales + fp8 attention", Status.ACCEPTED)]
+        for at, (change, status) in enumerate(history):
+            kb.record_candidate(old[change], status=status, reason="measured", environment=GPU_ENV,
+                                created_at=float(at + 1))
+        new = choices(second.signature)
+        ordered = [c.params[0][1] for c in warm_order(new.values(), kb, {})]
+    assert ordered[:3] == ["fp8 row scales + fp8 attention", "fp8 row scales", "fp8 tensor scales"]
+    assert ordered[-1] == "fp8 block-1x128 scales" and "drop residual-fp32" in ordered[3:-1]
+
+
+def test_an_attention_lesson_transfers_between_shapes():
+    from kopt.agent.propose.warm import lesson_key
+
+    ltx = _choice("g", "attention q[1, 32, 6930, 64]k[1, 32, 6930, 64]bfloat16 on math")
+    qwen = _choice("graph-0", "attention q[1, 24, 4352, 128]k[1, 24, 4352, 128]bfloat16 on math")
+    assert lesson_key(ltx, None) == lesson_key(qwen, None) == ("pipeline", "attention on math")
+    assert lesson_key(_choice("g", "attention q[1, 2]k[1, 2]float32 on flash"), None) != lesson_key(qwen, None)
