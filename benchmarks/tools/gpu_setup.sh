@@ -7,16 +7,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 
-# 2. kopt itself; editable so that kopt.kernels / kopt.agent map to the top-level kernels/ and agent/.
+# 2. kopt itself; editable so that kopt.agent maps to the top-level agent/.
 if python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
     && python3 -c "import kopt.kernels, kopt.agent" 2>/dev/null; then
     echo "kopt: editable install OK"
 else
     # Fallback without pip or symlinks: stage a copy laid out as the installed package would be.
-    echo "kopt: editable install failed; staging a copy in /tmp/kopt_src (kernels/ -> kopt/kernels, agent/ -> kopt/agent)"
+    echo "kopt: editable install failed; staging a copy in /tmp/kopt_src (agent/ -> kopt/agent)"
     rm -rf /tmp/kopt_src && mkdir -p /tmp/kopt_src
     cp -r kopt /tmp/kopt_src/kopt
-    cp -r kernels /tmp/kopt_src/kopt/kernels
     cp -r agent /tmp/kopt_src/kopt/agent
     export PYTHONPATH=/tmp/site:/tmp/kopt_src:$PWD
     python3 -c "import kopt.kernels, kopt.agent"
