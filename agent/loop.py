@@ -40,6 +40,7 @@ from kopt.agent.pool import AUTO, Ahead, Lookahead, VerifyEvent, VerifyJob, Veri
 from kopt.agent.pool.job import travels
 from kopt.agent.profile import Occurrence, Profile, find_occurrences, profile_graphs
 from kopt.agent.sdpa_micro import check_attention_choice
+from kopt.agent.tuning_cost import tuning_seconds
 from kopt.agent.unchanged import changes_nothing
 from kopt.agent.verify import Verdict, VerifyConfig, verify
 from kopt.progress import show_progress
@@ -78,6 +79,7 @@ class OptimizeResult:
     stopped: str = ""
     pool: str = "inline"
     verified_ahead: list[VerifyEvent] = dataclasses.field(default_factory=list)
+    deferred: list[Candidate] = dataclasses.field(default_factory=list)  # not started: would outlast the budget
 
     def table(self) -> str:
         from kopt.agent.report import candidate_table
@@ -248,7 +250,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
              model_name: str | None = None, max_candidates: int | None = None, llm: Any = None,
              progress: bool | None = None, micro: bool = True, lower: str = "eager", fp8: Any = None,
              pipelines: bool = True, workers: int | str = AUTO, executor: str = "local",
-             regional: bool | None = None) -> OptimizeResult:
+             regional: bool | None = None,
+             on_evaluation: Callable[[Evaluation], None] | None = None) -> OptimizeResult:
     """Find, prove and keep rewrites for ``model`` within ``budget_min`` minutes (module docstring).
 
     Args:
@@ -278,6 +281,12 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
             keyed by the block graphs, so ``kopt.compile(..., regional=True)`` is what applies it.
             None (default): when ``lower="inductor"``, no clock is given and the model has repeated
             blocks (:func:`kopt.regional.repeated_blocks`); False: capture and time the whole model.
+        on_evaluation: called with each evaluation as soon as it is recorded (a caller that writes
+            results as they come keeps them if the run is killed).
+
+    A choice that tunes GEMMs is not started when its expected tuning time
+    (:func:`kopt.agent.tuning_cost.tuning_seconds`) exceeds the time left; it is listed in
+    ``OptimizeResult.deferred`` and stays unevaluated for a run with more time.
     """
     if proposer not in PROPOSERS:
         raise ValueError(f"proposer must be one of {PROPOSERS}, got {proposer!r}")
@@ -330,7 +339,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                            timing=timing, occurrences=counts) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
-        evaluations, skipped, stopped = [], 0, ""
+        evaluations, skipped, stopped, deferred = [], 0, "", []
         def follow_up() -> list[Occurrence]:
             """Register the regions the accepted choices made (:func:`regions_under_accepted`)."""
             fresh = regions_under_accepted(graphs, accepted, regions, model_name)
@@ -394,6 +403,13 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 if kb.has_evaluated(candidate, environment):
                     skipped += 1
                     continue
+                tuning = tuning_seconds(candidate, graphs)
+                if tuning and time.monotonic() + tuning > deadline:
+                    log.info("agent: not started (%s): its GEMM tuning takes about %.0f s, %.0f s are left",
+                             dict(candidate.params).get("change", candidate.kind.value), tuning,
+                             deadline - time.monotonic())
+                    deferred.append(candidate)
+                    continue
                 log.info("agent: candidate %d (%s %s) for region %s", len(evaluations) + 1, candidate.kind.value,
                          ", ".join(f"{k}={v}" for k, v in candidate.params[1:] or candidate.params),
                          candidate.region_signature[:12])
@@ -418,10 +434,13 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                     accepted[candidate.region_signature] = candidate
                 log.info("agent: %s: %s", evaluation.status.value, evaluation.reason[:120])
                 evaluations.append(evaluation)
+                if on_evaluation is not None:
+                    on_evaluation(evaluation)
         finally:
             if pool:
                 stream.close()
             if hasattr(clock, "close"):  # a regional clock gives the model back uncompiled
                 clock.close()
     return OptimizeResult(profile, evaluations, accepted, resumed, skipped, Path(kb.path), graphs, occurrences, clock,
-                          time.monotonic() - started, stopped, pool_text, list(stream.events) if pool else [])
+                          time.monotonic() - started, stopped, pool_text, list(stream.events) if pool else [],
+                          deferred)

@@ -26,6 +26,9 @@ def candidate_table(result: Any) -> str:
                  f"(already in the knowledge base), {len(result.resumed)} accepted earlier; clock: "
                  f"{result.clock.name}; {result.elapsed_s:.0f} s" + (f"; stopped: {result.stopped}" if result.stopped
                                                                       else ""))
+    if result.deferred:
+        lines.append(f"{len(result.deferred)} not started, their GEMM tuning longer than the time left: "
+                     + "; ".join(dict(c.params).get("change", c.kind.value) for c in result.deferred)[:300])
     unreplayed = getattr(result.clock, "unreplayed", None)
     if unreplayed:
         lines.append(f"{len(unreplayed)} side(s) of the A/B ran as plain calls, not replayed from a CUDA graph: "

@@ -47,7 +47,8 @@ def summary(run: Mapping[str, Any], source: str) -> dict[str, Any]:
     seconds = [0.0]
     for evaluation in run["evaluations"]:
         seconds.append(seconds[-1] + (evaluation.get("seconds") or 0.0))
-    return {"file": source, "workload": run["workload"], "evaluations": len(run["evaluations"]),
+    return {"file": source, "workload": run["workload"], "finished": run.get("finished", True),
+            "evaluations": len(run["evaluations"]),
             "final_gain": curve[-1], "evaluations_to_80pct": evaluations_to(curve) if curve[-1] > 0 else None,
             "gain_curve": curve, "seconds": seconds,
             "order": [f"{e['kind']} {e['params']} -> {e['status']}" for e in run["evaluations"]]}
@@ -62,7 +63,7 @@ def compare(cold: Path, warm: Path) -> dict[str, Any]:
     data = {name: summary(run, str(path)) for (name, run), path in zip(runs.items(), (cold, warm), strict=True)}
     cold_n, warm_n = data["cold"]["evaluations_to_80pct"], data["warm"]["evaluations_to_80pct"]
     data["workload"] = runs["cold"]["workload"]
-    data["clock"] = runs["warm"]["clock"]
+    data["clock"] = runs["warm"].get("clock", "not recorded (the run did not finish)")
     data["pays"] = None if cold_n is None or warm_n is None else warm_n <= cold_n / 2
     return data
 

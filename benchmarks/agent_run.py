@@ -20,12 +20,28 @@ from pathlib import Path
 import torch
 
 
+def evaluation_record(e: object) -> dict:
+    """One :class:`kopt.agent.loop.Evaluation` as a JSON-ready dict."""
+    return {"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
+            "kind": e.candidate.kind.value, "params": dict(e.candidate.params), "status": e.status.value,
+            "reason": e.reason, "seconds": e.seconds, "e2e": e.e2e.to_dict() if e.e2e else None}
+
+
 def evaluation_records(result: object) -> list[dict]:
     """Each evaluation of a :class:`kopt.agent.loop.OptimizeResult`, in order, as JSON-ready dicts."""
-    return [{"candidate": e.candidate.content_hash, "region": e.candidate.region_signature,
-             "kind": e.candidate.kind.value, "params": dict(e.candidate.params), "status": e.status.value,
-             "reason": e.reason, "seconds": e.seconds, "e2e": e.e2e.to_dict() if e.e2e else None}
-            for e in result.evaluations]
+    return [evaluation_record(e) for e in result.evaluations]
+
+
+def partial_writer(path: Path, header: dict) -> object:
+    """A callback for ``optimize(on_evaluation=...)`` that rewrites ``path`` after every evaluation with
+    those so far (``"finished": false``): a run killed by its lease's time limit keeps what it measured."""
+    so_far: list[dict] = []
+
+    def write(evaluation: object) -> None:
+        so_far.append(evaluation_record(evaluation))
+        path.write_text(json.dumps({**header, "finished": False, "evaluations": so_far}, indent=1, default=str))
+
+    return write
 
 
 def main() -> None:
@@ -63,21 +79,23 @@ def main() -> None:
 
         fp8 = Fp8Config()
     started = time.time()
+    stem = f"agent_{workload.name.replace(':', '_')}"
+    environment = current_environment()
+    header = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer, "fp8": args.fp8,
+              "environment": environment.to_dict(), "kb": str(kb)}
     result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=kb,
                       seed=args.seed, model_name=workload.name, progress=True, lower=args.lower,
-                      regional=args.regional, fp8=fp8)
-    stem = f"agent_{workload.name.replace(':', '_')}"
+                      regional=args.regional, fp8=fp8, on_evaluation=partial_writer(out / f"{stem}.json", header))
     result.plot(out / f"{stem}.png")
-    environment = current_environment()
-    data = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer, "fp8": args.fp8,
-            "environment": environment.to_dict(), "clock": result.clock.name, "kb": str(kb),
+    data = {**header, "finished": True, "clock": result.clock.name,
             "graphs": [{"index": g.index, "calls": g.calls, "nodes": len(g.graph_module.graph.nodes)}
                        for g in result.graphs],
             "side_build_s": list(getattr(result.clock, "build_seconds", [])),
             "wall_s": time.time() - started, "skipped": result.skipped, "resumed": sorted(result.resumed),
             "profile": [{"region": r.region.signature, "occurrences": r.occurrences, "seconds": r.seconds,
                          "floor_s": r.floor.seconds, "bound": r.floor.bound} for r in result.profile.regions],
-            "evaluations": evaluation_records(result)}
+            "evaluations": evaluation_records(result),
+            "deferred": [dict(c.params) for c in result.deferred]}
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
     (out / f"{stem}.md").write_text(
         f"# kopt optimize {workload.name} (full size, bf16, {environment.describe()})\n\n"

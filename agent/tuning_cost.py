@@ -1,0 +1,52 @@
+"""What a choice that tunes its GEMMs costs before it can be timed, so the loop never starts one that
+the time left cannot finish.
+
+Inductor's ``max_autotune_gemm`` benchmarks every candidate GEMM kernel (about a hundred templates and
+cuBLAS) at each distinct GEMM shape of the graph before the graph runs once, and the loop cannot stop a
+compile half way: on Qwen-Image with FP8 linears (13 shapes) one such side compiled for more than five
+minutes on an H200 and a 3-minute run was killed before it wrote its results. The cost is, to first
+order, the number of distinct GEMM shapes times the seconds one shape takes; the loop skips the choice
+(it is not evaluated, so a later run with more time tries it) when that exceeds the time left.
+Inductor caches what it chose on disk, so a second compile of the same shapes is fast: the estimate
+is for a machine that has not tuned them, which is what a lease gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kopt.agent.candidate import Candidate, CandidateKind
+
+# Seconds Inductor's GEMM autotuning spends per distinct shape, measured on one H200 (torch 2.11): 50-100 s
+# per FP8 scaled_mm shape (106 choices each, benchmarking and precompiling); near the lower end of that.
+SECONDS_PER_GEMM_SHAPE = 60.0
+TUNING_PATCHES = ("max_autotune", "max_autotune_gemm")
+_aten = torch.ops.aten
+GEMM_OPS = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default)
+
+
+def gemm_shapes(graph_module: torch.fx.GraphModule) -> set[tuple]:
+    """The distinct (operand shapes, dtype) of the graph's matrix multiplications."""
+    shapes = set()
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and node.target in GEMM_OPS:
+            operands = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
+            shapes.add(tuple((tuple(t.shape), str(t.dtype)) for t in operands if isinstance(t, torch.Tensor)))
+    return shapes
+
+
+def tuning_seconds(candidate: Candidate, graphs: Sequence[Any]) -> float:
+    """The seconds ``candidate``'s GEMM autotuning is expected to take (0 for a candidate that tunes
+    nothing): its graph's distinct GEMM shapes times :data:`SECONDS_PER_GEMM_SHAPE`."""
+    if candidate.kind is not CandidateKind.PASS_CHOICE:
+        return 0.0
+    from kopt.agent.pipeline_choice import from_candidate
+
+    patches = from_candidate(candidate).inductor_patches
+    if not any(patches.get(name) for name in TUNING_PATCHES):
+        return 0.0
+    graph = next((g for g in graphs if g.signature == candidate.region_signature), None)
+    return 0.0 if graph is None else len(gemm_shapes(graph.graph_module)) * SECONDS_PER_GEMM_SHAPE
