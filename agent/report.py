@@ -26,7 +26,7 @@ def candidate_table(result: Any) -> str:
                  f"(already in the knowledge base), {len(result.resumed)} accepted earlier; clock: "
                  f"{result.clock.name}; {result.elapsed_s:.0f} s" + (f"; stopped: {result.stopped}" if result.stopped
                                                                       else ""))
-    if result.deferred:
+    if getattr(result, "deferred", None):
         lines.append(f"{len(result.deferred)} not started, their GEMM tuning longer than the time left: "
                      + "; ".join(dict(c.params).get("change", c.kind.value) for c in result.deferred)[:300])
     unreplayed = getattr(result.clock, "unreplayed", None)
