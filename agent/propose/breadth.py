@@ -1,14 +1,17 @@
 """Breadth-first order of search proposals: every family is tried once before any is tried twice.
 
 A *family* is one region's launch variants (:mod:`kopt.agent.propose.search`) or one pipeline choice
-(:mod:`kopt.agent.propose.pipeline`). The order is: each region's first variant (the generator's
-default, regions in the profile's ranking), then every pipeline choice, then each region's second
+(:mod:`kopt.agent.propose.pipeline`). The order is: every pipeline choice, then each region's first
+variant (the generator's default, regions in the profile's ranking), then each region's second
 variant, and so on.
 
-Why: an end-to-end evaluation costs about a minute on a full-size model, so a budget covers a dozen
-candidates, and variants of one kernel share its fate far more than candidates of different
-families do (they differ only in launch parameters). Trying each family once first spends the
-budget where the outcome is least known. Regions whose profiled headroom is
+Why: a budget covers a dozen or two evaluations, and variants of one kernel share its fate far more
+than candidates of different families do (they differ only in launch parameters), so trying each
+family once first spends the budget where the outcome is least known. Pipeline choices go before the
+kernels because they cost far less to settle: a choice costs two regional compiles of a few seconds
+and an A/B, 10-30 s on a full-size model, or under a second when it changes nothing; a generated
+kernel is verified in the sandbox and timed alone first, 60-170 s each on an H200 (Llama-3.1-8B
+prefill: three kernels took a 6.5-minute budget before any choice was tried). Regions whose profiled headroom is
 under the end-to-end bar (:func:`small_regions`) go after every other family: a pipeline choice
 can still pay there, a kernel for them can hardly. FP8 choices lead when their bound is the largest
 (:func:`fp8_leads`). Only the order changes: with no budget limit every candidate is still evaluated.
@@ -24,15 +27,16 @@ from kopt.agent.candidate import Candidate, CandidateKind
 
 def breadth_first(candidates: Sequence[Candidate], small: Collection[str] = (),
                   lead: Collection[str] = ()) -> list[Candidate]:
-    """``candidates`` round-robin over families, first rounds first, each family's order kept; the
-    families of regions in ``small`` (too little headroom to move the model: :func:`small_regions`)
+    """``candidates``: the pipeline choices, then the region variants round-robin over families, first
+    rounds first, each family's order kept; the families of regions in ``small`` (too little headroom to move the model: :func:`small_regions`)
     after all the others; the candidates whose content hash is in ``lead`` (:func:`fp8_leads`) before
     all of them, in their order."""
     first = [c for c in candidates if c.content_hash in lead]
     rest = [c for c in candidates if c.content_hash not in lead]
+    choices = [c for c in rest if c.kind is CandidateKind.PASS_CHOICE]
     demoted = [c for c in rest if c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE]
-    kept = [c for c in rest if not (c.region_signature in small and c.kind is not CandidateKind.PASS_CHOICE)]
-    return first + _rounds(kept) + _rounds(demoted)
+    kept = [c for c in rest if not (c.region_signature in small or c.kind is CandidateKind.PASS_CHOICE)]
+    return first + choices + _rounds(kept) + _rounds(demoted)
 
 
 def is_fp8_choice(candidate: Candidate) -> bool:

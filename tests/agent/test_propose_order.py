@@ -1,5 +1,5 @@
-"""The search proposals' order: every family (one region's launch variants, one pipeline choice)
-is tried once before any family is tried twice."""
+"""The search proposals' order: the pipeline choices (cheap to settle) first, then every kernel family
+(one region's launch variants) once before any family is tried twice."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ def _choice(graph: str, change: str) -> Candidate:
                      params=(("change", change),))
 
 
-def test_each_family_once_before_any_twice_in_the_given_order():
+def test_choices_first_then_each_kernel_family_once_before_any_twice():
     a = [_variant("region-a", n) for n in (1, 2, 3)]
     b = [_variant("region-b", n) for n in (4, 5)]
     choices = [_choice("graph-0", "drop residual-fp32"), _choice("graph-0", "attention 1x8x64 on flash")]
     ordered = breadth_first([*a, *b, *choices])
-    assert ordered == [a[0], b[0], *choices, a[1], b[1], a[2]]
+    assert ordered == [*choices, a[0], b[0], a[1], b[1], a[2]]
 
 
 def test_it_only_reorders():
@@ -41,7 +41,7 @@ def test_regions_without_headroom_go_after_every_pipeline_choice():
     b = [_variant("region-b", n) for n in (4, 5)]
     choice = _choice("graph-0", "add fuse-linear-gelu")
     ordered = breadth_first([*a, *b, choice], small={SIG["region-a"]})
-    assert ordered == [b[0], choice, b[1], a[0], a[1]]
+    assert ordered == [choice, b[0], b[1], a[0], a[1]]
 
 
 def test_small_regions_are_those_a_floor_kernel_could_not_move_by_the_bar():
@@ -86,7 +86,7 @@ def test_fp8_choices_lead_only_when_half_the_time_outside_regions_beats_every_re
     gemm_bound = types.SimpleNamespace(total_s=0.100, regions=[region(0.020, 0.010)])  # 80 ms outside: 40 > 10
     lead = fp8_leads(candidates, gemm_bound)
     assert lead == {c.content_hash for c in fp8}
-    assert breadth_first(candidates, lead=lead) == [*fp8, a[0], other, a[1]]
+    assert breadth_first(candidates, lead=lead) == [*fp8, other, a[0], a[1]]
     elementwise_bound = types.SimpleNamespace(total_s=0.100, regions=[region(0.080, 0.060)])  # 20 ms: 10 < 60
     assert fp8_leads(candidates, elementwise_bound) == set()
     assert fp8_leads(candidates, types.SimpleNamespace(total_s=0.0, regions=[])) == set()
