@@ -28,9 +28,9 @@ from kopt.agent.candidate import Candidate, CandidateKind
 def breadth_first(candidates: Sequence[Candidate], small: Collection[str] = (),
                   lead: Collection[str] = ()) -> list[Candidate]:
     """``candidates``: the pipeline choices, then the region variants round-robin over families, first
-    rounds first, each family's order kept; the families of regions in ``small`` (too little headroom to move the model: :func:`small_regions`)
-    after all the others; the candidates whose content hash is in ``lead`` (:func:`fp8_leads`) before
-    all of them, in their order."""
+    rounds first, each family's order kept; the families of regions in ``small`` (too little headroom
+    to move the model: :func:`small_regions`) after all the others; the candidates whose content hash
+    is in ``lead`` (:func:`fp8_leads`) before all of them, in their order."""
     first = [c for c in candidates if c.content_hash in lead]
     rest = [c for c in candidates if c.content_hash not in lead]
     choices = [c for c in rest if c.kind is CandidateKind.PASS_CHOICE]
