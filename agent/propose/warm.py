@@ -3,9 +3,12 @@
 A region of the same class (same computation at other sizes, :attr:`Region.class_key`) tends to
 prefer the same kernel parameters, and a pass that did not pay on one model of a family tends not to
 pay on its sibling; so a proposal whose *lesson key* was accepted before (on another region or graph)
-is tried first, one that was only ever rejected or slower goes last (an evaluation that failed
-for the machine's reasons, an error, teaches nothing), the rest keep their order (a
-stable sort: with an empty knowledge base the order is unchanged). This only reorders: every
+is tried first, one that was only ever rejected or slower goes after the untried ones of its kind
+(an evaluation that failed for the machine's reasons, an error, teaches nothing), the rest keep
+their order (a stable sort: with an empty knowledge base the order is unchanged). A pipeline choice
+that failed on another model still goes before any untried kernel: it settles in seconds where a
+kernel takes minutes (on Llama-3.1-8B, choices that failed on LTX-Video went behind every kernel,
+and three budgets went to kernels). This only reorders: every
 candidate is still verified and measured on this model.
 
 Among the proposals that worked before, the one accepted deepest goes first: a choice accepted on a
@@ -63,13 +66,17 @@ def learned(kb: Any) -> tuple[dict[tuple, int], set[tuple]]:
 
 
 def warm_order(candidates: Iterable[Candidate], kb: Any, class_keys: Mapping[str, str]) -> list[Candidate]:
-    """``candidates`` with those whose lesson key worked before first (the deepest accepted first) and
-    failed ones last."""
+    """``candidates`` with those whose lesson key worked before first (the deepest accepted first); of
+    the rest, the pipeline choices before the kernels (:mod:`kopt.agent.propose.breadth`: a choice
+    settles in seconds, a kernel in minutes), each with the ones that failed before last."""
     worked, failed = learned(kb)
     listed = list(candidates)
 
-    def rank(candidate: Candidate) -> tuple[int, int]:
+    def rank(candidate: Candidate) -> tuple[int, int, int]:
         key = lesson_key(candidate, class_keys.get(candidate.region_signature))
-        return (0, -worked[key]) if key in worked else (2, 0) if key in failed else (1, 0)
+        if key in worked:
+            return (0, -worked[key], 0)
+        kernel = int(candidate.kind is not CandidateKind.PASS_CHOICE)
+        return (1, kernel, int(key in failed))
 
     return sorted(listed, key=rank)

@@ -120,6 +120,9 @@ def test_the_choice_accepted_deepest_on_another_model_goes_first(tmp_path):
         ordered = [c.params[0][1] for c in warm_order(new.values(), kb, {})]
     assert ordered[:3] == ["fp8 row scales + fp8 attention", "fp8 row scales", "fp8 tensor scales"]
     assert ordered[-1] == "fp8 block-1x128 scales" and "drop residual-fp32" in ordered[3:-1]
+    kernel = _variant("r", 1)  # untried, but a kernel: after every choice, even one that failed elsewhere
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        assert warm_order([kernel, *new.values()], kb, {})[-1] is kernel
 
 
 def test_an_attention_lesson_transfers_between_shapes():
