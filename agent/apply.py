@@ -33,6 +33,7 @@ import torch
 
 from kopt.agent.candidate import Candidate, Convention
 from kopt.fx.graph_utils import stamp
+from kopt.fx.layout import same_layout
 from kopt.passes.base import Contract, Pass, PassContext
 
 _LIBRARY = torch.library.Library("kopt_agent", "FRAGMENT")
@@ -142,8 +143,7 @@ def layout_agrees(occurrence: Any) -> str:
     region = occurrence.region
     for k, (node, strides) in enumerate(zip(region.output_nodes, native_strides(region), strict=True)):
         value = node.meta.get("val")
-        if isinstance(value, torch.Tensor) and not all(
-                size == 1 or a == b for size, a, b in zip(value.shape, value.stride(), strides, strict=True)):
+        if isinstance(value, torch.Tensor) and not same_layout(value.shape, value.stride(), strides):
             return (f"output {k} has strides {tuple(value.stride())} here, the canonical region's {strides}: "
                     "later ops were traced with this occurrence's layout")
     return ""

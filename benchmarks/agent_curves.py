@@ -63,7 +63,8 @@ def compare(cold: Path, warm: Path) -> dict[str, Any]:
     data = {name: summary(run, str(path)) for (name, run), path in zip(runs.items(), (cold, warm), strict=True)}
     cold_n, warm_n = data["cold"]["evaluations_to_80pct"], data["warm"]["evaluations_to_80pct"]
     data["workload"] = runs["cold"]["workload"]
-    data["clock"] = runs["warm"].get("clock") or runs["cold"].get("clock", "clock not recorded")  # a killed run has none
+    # a run killed before it finished records no clock; both runs of one comparison use the same one
+    data["clock"] = runs["warm"].get("clock") or runs["cold"].get("clock", "clock not recorded")
     data["pays"] = None if cold_n is None or warm_n is None else warm_n <= cold_n / 2
     return data
 

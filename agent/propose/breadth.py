@@ -19,6 +19,7 @@ can still pay there, a kernel for them can hardly. FP8 choices lead when their b
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -40,9 +41,15 @@ def breadth_first(candidates: Sequence[Candidate], small: Collection[str] = (),
 
 
 def is_fp8_choice(candidate: Candidate) -> bool:
-    """A pipeline choice that runs the FP8 pipeline (:func:`kopt.agent.propose.pipeline.fp8_choices`)."""
-    change = str(dict(candidate.params).get("change", ""))
-    return candidate.kind is CandidateKind.PASS_CHOICE and change.startswith("fp8 ")
+    """A pipeline choice whose pass list runs kopt's FP8 linears (what every choice of
+    :func:`kopt.agent.propose.pipeline.fp8_choices` does): read from the passes, not the words."""
+    if candidate.kind is not CandidateKind.PASS_CHOICE:
+        return False
+    try:
+        passes = json.loads(candidate.source).get("passes", ())
+    except (ValueError, AttributeError):
+        return False
+    return "fp8-linear" in passes
 
 
 def fp8_leads(candidates: Sequence[Candidate], profile: Any) -> set[str]:

@@ -8,8 +8,6 @@ after the child exited.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from kopt.agent.candidate import Candidate, Convention
@@ -19,6 +17,7 @@ from kopt.agent.verify.reference import Reference
 from kopt.agent.verify.sandbox import ChildRun
 from kopt.agent.verify.verdict import RESOURCES, CheckResult
 from kopt.agent.verify.workdir import WorkDir
+from kopt.fx.layout import same_layout
 
 OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory")
 
@@ -59,11 +58,6 @@ def run_checks(run: ChildRun) -> list[CheckResult]:
     return checks
 
 
-def _strides_match(got: Sequence[int], want: Sequence[int], shape: Sequence[int]) -> bool:
-    """Strides of size-1 dims do not matter (nothing ever steps along them)."""
-    return all(g == w for g, w, size in zip(got, want, shape, strict=True) if size > 1)
-
-
 def structure_checks(trial: int, described: list[dict] | None, ref: Reference,
                      convention: Convention) -> list[CheckResult]:
     """dtype, shape, strides and shared memory of what the candidate returned, against the original."""
@@ -78,7 +72,7 @@ def structure_checks(trial: int, described: list[dict] | None, ref: Reference,
         if tuple(got["shape"]) != tuple(want.shape):
             checks.append(CheckResult("shape", False, f"output {index} has shape {tuple(got['shape'])}, the "
                                                       f"original's {tuple(want.shape)}", trial))
-        elif not _strides_match(got["stride"], want.stride(), want.shape):
+        elif not same_layout(want.shape, got["stride"], want.stride()):
             checks.append(CheckResult("strides", False, f"output {index} has strides {tuple(got['stride'])}, the "
                                                         f"original's {want.stride()} (later ops assume its layout)",
                                       trial))

@@ -135,18 +135,15 @@ def _layout_change(node: torch.fx.Node) -> str | None:
     """Why a copy (``clone``, ``_to_copy``) cannot be a step: it writes another memory layout than its
     source's (``.contiguous()`` of a transposed tensor), and a fused kernel writes each output in the
     layout of the region's elementwise inputs, so what follows (a ``view`` that needs the contiguous
-    copy) would see the old layout. Strides of size-1 dims never matter; a stride not provably equal
-    (symbolic sizes) counts as a change."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    copy) would see the old layout (:func:`kopt.fx.layout.same_layout`)."""
+    from kopt.fx.layout import same_layout
 
     source = node.args[0] if node.args else None
     before = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
     after = node.meta.get("val")
     if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)) or before.dim() != after.dim():
         return None
-    same = all(statically_known_true(size == 1) or statically_known_true(a == b)
-               for size, a, b in zip(after.shape, before.stride(), after.stride(), strict=True))
-    if same:
+    if same_layout(after.shape, before.stride(), after.stride()):
         return None
     return (f"{node.name}: copies into another memory layout (strides {tuple(before.stride())} -> "
             f"{tuple(after.stride())}), which a fused kernel would not")

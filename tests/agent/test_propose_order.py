@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.propose.breadth import breadth_first
 from kopt.passes.base import Contract
@@ -16,9 +18,9 @@ def _variant(region: str, n: int) -> Candidate:
                      origin="search", params=(("row_budget", n),))
 
 
-def _choice(graph: str, change: str) -> Candidate:
-    return Candidate(SIG[graph], CandidateKind.PASS_CHOICE, f'{{"change": "{change}"}}', TOL, origin="search",
-                     params=(("change", change),))
+def _choice(graph: str, change: str, passes: tuple[str, ...] = ()) -> Candidate:
+    source = json.dumps({"change": change, "passes": list(passes)})
+    return Candidate(SIG[graph], CandidateKind.PASS_CHOICE, source, TOL, origin="search", params=(("change", change),))
 
 
 def test_choices_first_then_each_kernel_family_once_before_any_twice():
@@ -80,8 +82,9 @@ def test_fp8_choices_lead_only_when_half_the_time_outside_regions_beats_every_re
         return types.SimpleNamespace(seconds=seconds, headroom_s=headroom_s)
 
     a = [_variant("region-a", n) for n in (1, 2)]
-    fp8 = [_choice("graph-0", "fp8 tensor scales"), _choice("graph-0", "fp8 row scales + fp8 attention")]
-    other = _choice("graph-0", "drop residual-fp32")
+    fp8 = [_choice("graph-0", "fp8 tensor scales", ("fp8-linear", "staging")),
+           _choice("graph-0", "fp8 row scales + fp8 attention", ("fp8-linear", "fp8-attention", "staging"))]
+    other = _choice("graph-0", "fp8 in words only", ("redundancy", "staging"))  # the passes decide, not the words
     candidates = [*a, other, *fp8]
     gemm_bound = types.SimpleNamespace(total_s=0.100, regions=[region(0.020, 0.010)])  # 80 ms outside: 40 > 10
     lead = fp8_leads(candidates, gemm_bound)
