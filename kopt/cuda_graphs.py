@@ -31,7 +31,8 @@ new values copied in computes what calling it would. What could go wrong, and ho
   capture refuses) is recorded as a fill kernel of the same value (:mod:`kopt.host_scalars`);
 * a recording that fails (an op that cannot be captured), or whose first replay does not compute
   what the plain call computed on the same inputs (:func:`replay_mismatch`), disables graphs for
-  the runner, runs normally, and the reason is kept in :attr:`CudaGraphStats.disabled`.
+  the runner, runs normally, and the reason is kept in :attr:`CudaGraphStats.disabled`, with the
+  first line that read a GPU value on the host, if the call did (:mod:`kopt.host_reads`).
 
 The counters live in a :class:`CudaGraphStats` that the compile report holds and prints.
 """
@@ -173,7 +174,7 @@ class CudaGraphRunner:
                 self.stats.disabled = f"recording failed: {describe_failure(error)}"
                 torch.cuda.synchronize()
                 self.stats.plain_calls += 1
-                return self.fn(*args)
+                return self._plain_noting_host_reads(args)
             self._graphs[signature] = recorded
             self.stats.recorded += 1
         targets, sources = [], []
@@ -190,6 +191,21 @@ class CudaGraphRunner:
         if not self.clone_outputs:
             return recorded.outputs
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded.outputs)
+
+    def _plain_noting_host_reads(self, args: Sequence[Any]) -> Any:
+        """The plain call after a failed recording, naming in :attr:`CudaGraphStats.disabled` the first
+        place it read a GPU value on the host (:mod:`kopt.host_reads`), the usual cause; a call that
+        cannot run under the dispatch mode that watches for it runs plainly."""
+        from kopt.host_reads import call_noting_host_reads
+
+        try:
+            out, reads = call_noting_host_reads(self.fn, args)
+        except Exception:  # noqa: BLE001 - only a diagnosis: the plain call must still happen
+            return self.fn(*args)
+        if reads:
+            self.stats.disabled += (f"; the call reads a GPU value on the host, a wait no graph can hold, at "
+                                    f"{reads[0]}" + (f" and {len(reads) - 1} more place(s)" if len(reads) > 1 else ""))
+        return out
 
     def _plain(self, reason: str, args: Sequence[Any]) -> Any:
         self.stats.skipped = reason

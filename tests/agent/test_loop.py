@@ -41,10 +41,12 @@ def test_profile_attributes_time_and_floor_to_regions():
 
 def test_loop_accepts_rejects_stores_and_resumes(tmp_path):
     """One accepted and at least one rejected candidate (with its reason) land in the SQLite KB; a
-    second run skips every candidate already evaluated and starts from the accepted one."""
+    second run skips every candidate already evaluated and starts from the accepted one. Kernels alone,
+    each timed end to end (no pipeline choices, no micro step: their tests are in test_pipeline_choice)."""
     model, inputs = sigmoid_gelu_mlp()
     kb_path = tmp_path / "kb.sqlite"
-    first = optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", seed=0, model_name="mlp")
+    kernels_only = dict(clock="cost-model", seed=0, model_name="mlp", pipelines=False, micro=False)
+    first = optimize(model, inputs, budget_min=5, kb_path=kb_path, **kernels_only)
     statuses = [e.status for e in first.evaluations]
     assert Status.ACCEPTED in statuses and Status.SLOWER in statuses
     rejected = next(e for e in first.evaluations if e.status is Status.SLOWER and e.e2e is not None)
@@ -66,7 +68,7 @@ def test_loop_accepts_rejects_stores_and_resumes(tmp_path):
     timed = [e for e in first.evaluations if e.e2e is not None]
     assert f"{len(timed)} timed end to end in {sum(e.seconds for e in timed):.0f} s" in first.table()
 
-    second = optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", seed=0, model_name="mlp")
+    second = optimize(model, inputs, budget_min=5, kb_path=kb_path, **kernels_only)
     assert second.evaluations == [] and second.skipped == len(first.evaluations)
     assert accepted.candidate.region_signature in second.resumed
 

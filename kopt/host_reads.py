@@ -1,0 +1,71 @@
+"""Where a call reads a device tensor's value on the host: the reason its CUDA-graph recording fails.
+
+Reading a GPU value in Python (``bool(mask.all())``, ``.item()``, ``int(t)``) copies it to the host
+and waits for the device, which a stream that is recording a graph refuses ("operation not permitted
+when stream is capturing"); the error names the copy, not the line that asked for it. Every such
+read reaches the dispatcher as ``aten._local_scalar_dense``, so a dispatch mode around one plain call
+sees each of them and the Python frames that made it. Transformers' attention-mask helpers do this
+in eager mode (``_ignore_causal_mask_sdpa`` reads ``padding_mask.all()``), so a Llama forward whose
+top level runs eagerly cannot be recorded whole.
+
+Only used on the failure path (one extra plain call's dispatch overhead, once per runner).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_TORCH = os.path.dirname(torch.__file__)
+
+
+def _caller(stack: Sequence[traceback.FrameSummary]) -> str:
+    """The innermost frame outside torch (and this file), with the one that called it."""
+    outside = [f for f in stack if not f.filename.startswith(_TORCH) and f.filename != __file__]
+    if not outside:
+        return "inside torch"
+    frame = outside[-1]
+    where = f"{_short(frame.filename)}:{frame.lineno} in {frame.name}"
+    if len(outside) > 1:
+        parent = outside[-2]
+        where += f" (called from {_short(parent.filename)}:{parent.lineno} in {parent.name})"
+    return where
+
+
+def _short(filename: str) -> str:
+    """The path from the package folder on (``transformers/masking_utils.py``)."""
+    parts = filename.replace(os.sep, "/").split("/")
+    for anchor in ("site-packages", "dist-packages"):
+        if anchor in parts:
+            return "/".join(parts[parts.index(anchor) + 1:])
+    return "/".join(parts[-2:])
+
+
+class _HostReads(TorchDispatchMode):
+    def __init__(self, devices_only: bool) -> None:
+        super().__init__()
+        self.devices_only, self.found = devices_only, []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            tensor = args[0]
+            if not self.devices_only or tensor.device.type != "cpu":
+                where = _caller(traceback.extract_stack()[:-1])
+                if where not in self.found:
+                    self.found.append(where)
+        return func(*args, **(kwargs or {}))
+
+
+def call_noting_host_reads(fn: Callable[..., Any], args: Sequence[Any], *,
+                           devices_only: bool = True) -> tuple[Any, list[str]]:
+    """``fn(*args)``, and where it read a tensor's value on the host (each place once, in order);
+    with ``devices_only`` only reads of tensors not on the CPU (those are the syncs)."""
+    mode = _HostReads(devices_only)
+    with mode:
+        out = fn(*args)
+    return out, mode.found
