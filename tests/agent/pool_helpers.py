@@ -19,11 +19,12 @@ BLOCK_CANDIDATES = 8
 
 
 def block_run(kb_path: Path, **pool) -> object:
-    """Eight search candidates on the tiny attention block (two regions, pipeline choices), judged by
-    the deterministic cost model: the same seed gives the same proposals and verdicts."""
+    """Eight search candidates on the tiny attention block (its two regions' kernels: what the pool
+    verifies; pipeline choices verify inline), judged by the deterministic cost model: the same seed
+    gives the same proposals and verdicts."""
     model, inputs = tiny_attention_block()
     return optimize(model, inputs, budget_min=10, kb_path=kb_path, clock="cost-model", seed=0, model_name="block",
-                    max_candidates=BLOCK_CANDIDATES, progress=False, **pool)
+                    max_candidates=BLOCK_CANDIDATES, progress=False, pipelines=False, **pool)
 
 
 def kb_outcomes(kb_path: Path) -> list[tuple[str, str, str]]:

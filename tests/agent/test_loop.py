@@ -78,7 +78,7 @@ def test_compile_applies_kb_win_and_reverifies(tmp_path):
     verifying it again; a stored 'accepted' candidate that is wrong fails re-verification and is not applied."""
     model, inputs = sigmoid_gelu_mlp()
     kb_path = tmp_path / "kb.sqlite"
-    optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", max_candidates=1)
+    optimize(model, inputs, budget_min=5, kb_path=kb_path, clock="cost-model", max_candidates=1, pipelines=False)
     fresh = torch.randn(2, 24, 32)
     compiled = kopt.compile(model, passes="auto", lower="eager", kb=kb_path, check_lowering=False)
     out = compiled(fresh)

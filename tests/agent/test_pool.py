@@ -152,7 +152,7 @@ def test_a_worker_that_fails_records_an_error_and_the_run_goes_on(tmp_path):
     model, inputs = sigmoid_gelu_mlp()
     broken = VerifyConfig(seed=0, shape_trials=1, python=str(tmp_path / "no-such-python"))
     result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", clock="cost-model",
-                      verify_config=broken, workers=2, max_candidates=4, progress=False)
+                      verify_config=broken, workers=2, max_candidates=4, progress=False, pipelines=False)
     region_evaluations = [e for e in result.evaluations if e.candidate.kind is not CandidateKind.PASS_CHOICE]
     assert len(result.evaluations) == 4 and region_evaluations
     for evaluation in region_evaluations:

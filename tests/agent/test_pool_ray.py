@@ -34,7 +34,7 @@ def test_without_a_running_ray_the_run_starts_its_own_and_stops_it(tmp_path):
     assert not ray.is_initialized()
     model, inputs = sigmoid_gelu_mlp()
     result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", clock="cost-model",
-                      executor="ray", workers=2, max_candidates=2, progress=False)
+                      executor="ray", workers=2, max_candidates=2, progress=False, pipelines=False)
     assert result.pool == "2 ray worker(s)" and len(result.evaluations) == 2
     assert result.verified_ahead and os.getpid() not in {e.process for e in result.verified_ahead}
     assert not ray.is_initialized()

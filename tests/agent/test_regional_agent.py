@@ -228,9 +228,12 @@ def test_what_the_regional_loop_accepts_kopt_compile_regional_applies(tmp_path):
 
     model, inputs = tiny_block_stack()
     kb_path = tmp_path / "kb.sqlite"
+    # kernels first (a run of choices alone puts codegen-fuse over these regions), then the choices on top
+    kernels = optimize(model, inputs, budget_min=5, kb_path=kb_path, regional=True, clock="cost-model",
+                       progress=False, workers=1, pipelines=False)
     result = optimize(model, inputs, budget_min=5, kb_path=kb_path, regional=True, clock="cost-model",
-                      max_candidates=8, progress=False, workers=1)
-    accepted = [e.candidate for e in result.evaluations if e.status is Status.ACCEPTED]
+                      progress=False, workers=1)
+    accepted = [e.candidate for run in (kernels, result) for e in run.evaluations if e.status is Status.ACCEPTED]
     regions = [c for c in accepted if c.kind is not CandidateKind.PASS_CHOICE]
     choices = [c for c in accepted if c.kind is CandidateKind.PASS_CHOICE]
     assert regions and choices  # the cost model keeps both kinds on this block
