@@ -131,8 +131,14 @@ def fp8_values(x, scale):
     ``x · (1 / scale)`` with one reciprocal per scale (per row): a division per element costs a
     special-function instruction and its range guards, and these kernels are bound by instruction
     issue. The product is within 1.5 ulp of the quotient (Triton's ``/`` is ``div.full``, 2 ulp), so
-    an FP8 value can differ only where x / scale lies within that of a rounding boundary."""
-    return tl.minimum(tl.maximum(x * (1.0 / scale), -448.0), 448.0)
+    an FP8 value can differ only where x / scale lies within that of a rounding boundary.
+
+    A NaN stays NaN, as through torch's clamp (Triton's min/max would drop it and write ±448, a finite
+    value no one would notice); the GEMM then carries it to the output. The scale is that of the
+    row's other values (the amax reductions skip NaN), where torch's amax would make the whole row
+    NaN: either way the NaN reaches the model's output. Same instruction count (``max.NaN``)."""
+    nan = tl.PropagateNan.ALL
+    return tl.minimum(tl.maximum(x * (1.0 / scale), -448.0, propagate_nan=nan), 448.0, propagate_nan=nan)
 
 
 @triton.jit

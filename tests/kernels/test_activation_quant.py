@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kopt.fp8.quantize import FP8
 from kopt.kernels import activation_quant as mod
+from kopt.kernels._rows import fp8_values
 from tests.kernels.fp8_checks import assert_fp8_matches
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -19,6 +22,12 @@ def _inputs(shape, f, p, dtype, seed, device="cpu", act="swiglu"):
     h = (torch.randn(*shape, 2 * f if act == "swiglu" else f, generator=g) * 3).to(dtype).to(device)
     prefix = None if p is None else (torch.randn(*shape, p, generator=g) * 0.5).to(dtype).to(device)
     return h, prefix
+
+
+@triton.jit
+def _fp8_values_kernel(x_ptr, out_ptr, scale, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(out_ptr + offsets, fp8_values(tl.load(x_ptr + offsets), scale))
 
 
 def _dequantized(q, scale):
@@ -132,3 +141,29 @@ def test_register_chunks_read_a_prefix_wider_than_a_chunk_in_pieces():
     q_ref, scale_ref = mod.reference(h, prefix, "swiglu")
     assert torch.equal(scale_ref.flatten(), torch.full((2,), 200.0, dtype=torch.float32) / 448)
     assert_fp8_matches(q, scale, q_ref, scale_ref, exact=False)
+
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_a_nan_input_stays_nan_in_the_fp8_values():
+    """A NaN activation must not come out as a finite FP8 value (clamping with NaN-dropping min/max
+    made it ±448): it stays NaN, so the GEMM carries it to the model's output as eager's would. On the
+    GPU only: the interpreter's float8 cast turns NaN into a finite value itself."""
+    h, prefix = _inputs((2, 5), 37, 24, torch.float32, seed=11, device="cuda")
+    h[0, 3, 7] = float("nan")  # the gate input of row 3, output column 7
+    prefix[1, 1, 2] = float("nan")  # a prefix value of row 6
+    q, scale = mod.launch(h, prefix, "swiglu")
+    values = q.float()
+    assert torch.isnan(values[3, 24 + 7]) and torch.isnan(values[6, 2])
+    assert torch.isnan(values).sum() == 2 and torch.isfinite(scale).all()  # other values and scales as before
+
+
+def test_fp8_values_keep_a_nan_and_clamp_the_rest():
+    """The helper every hand-written FP8 kernel quantizes with, before the cast: NaN stays NaN (where
+    Triton's default min/max would return the bound), infinities and large values clamp to ±448."""
+    x = torch.tensor([1.0, float("nan"), -float("nan"), float("inf"), -float("inf"), 1e6, -1e6, -2.5])
+    out = torch.empty_like(x)
+    _fp8_values_kernel[(1,)](x, out, 0.5, N=8)
+    assert torch.isnan(out[1:3]).all() and not torch.isnan(out[[0, *range(3, 8)]]).any()
+    torch.testing.assert_close(out[[0, 3, 4, 5, 6, 7]], torch.tensor([2.0, 448.0, -448.0, 448.0, -448.0, -5.0]))
