@@ -32,13 +32,17 @@ new values copied in computes what calling it would. What could go wrong, and ho
 * a recording that fails (an op that cannot be captured), or whose first replay does not compute
   what the plain call computed on the same inputs (:func:`replay_mismatch`), disables graphs for
   the runner, runs normally, and the reason is kept in :attr:`CudaGraphStats.disabled`, with the
-  first line that read a GPU value on the host, if the call did (:mod:`kopt.host_reads`).
+  first line that read a GPU value on the host, if the call did (:mod:`kopt.host_reads`);
+* a forward that reads GPU values on the host (transformers' attention-mask helpers do) fails its
+  first recording; the next one bakes the values read in and checks them on the device at every
+  replay, and a replay whose values differ is dropped for a plain call (:mod:`kopt.host_reads`).
 
 The counters live in a :class:`CudaGraphStats` that the compile report holds and prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -86,12 +90,17 @@ class CudaGraphStats:
     plain_calls: int = 0
     skipped: str | None = None  # why the last call ran without a graph (None: it replayed)
     disabled: str | None = None  # why graphs are off for good (a recording failed)
+    baked_reads: int = 0  # host reads baked into recordings, checked on the device per replay
+    guard_misses: int = 0  # replays whose baked reads differed, dropped for a plain call
 
     def describe(self) -> str:
         """One line for the report."""
         if self.disabled:
             return f"CUDA graphs disabled: {self.disabled}"
         text = f"CUDA graphs: {self.recorded} recorded, {self.replays} replays, {self.plain_calls} plain calls"
+        if self.baked_reads:
+            text += (f", {self.baked_reads} host read(s) baked in and checked per replay ({self.guard_misses} "
+                     "replay(s) read other values and ran plainly)")
         return text + (f" (last call ran without a graph: {self.skipped})" if self.skipped else "")
 
 
@@ -101,6 +110,7 @@ class _Recorded:
     inputs: list[Any]
     outputs: Any
     copied: list[int]  # the inputs copied into the recorded buffers before each replay (not weights)
+    guard: torch.Tensor | None = None  # set by a replay whose baked host reads differ (kopt.host_reads)
 
 
 def describe_failure(error: BaseException) -> str:
@@ -133,6 +143,7 @@ class CudaGraphRunner:
         self._calls: dict[tuple[Any, ...], int] = {}
         self._pool: Any = pool
         self._buffers: dict[tuple[Any, ...], list[Any]] = {}  # input buffers per signature less the weights
+        self._bake_reads = False  # a recording failed on host reads: the next one bakes them in
         self.stats = stats if stats is not None else CudaGraphStats()
 
     @property
@@ -171,10 +182,7 @@ class CudaGraphRunner:
             try:
                 recorded = self._record(args, inputs_signature)
             except Exception as error:  # noqa: BLE001 - an uncapturable op: run without graphs from now on
-                self.stats.disabled = f"recording failed: {describe_failure(error)}"
-                torch.cuda.synchronize()
-                self.stats.plain_calls += 1
-                return self._plain_noting_host_reads(args)
+                return self._after_failed_recording(error, args)
             self._graphs[signature] = recorded
             self.stats.recorded += 1
         targets, sources = [], []
@@ -186,25 +194,36 @@ class CudaGraphRunner:
         if targets:  # one multi-tensor launch: a staged graph copies ~100 hoisted values per memo miss
             torch._foreach_copy_(targets, sources)
         recorded.graph.replay()
+        if recorded.guard is not None and bool(recorded.guard):  # one wait, only where reads were baked in
+            self.stats.guard_misses += 1
+            return self._plain("a value the recording read on the host differs on this call", args)
         self.stats.replays += 1
         self.stats.skipped = None
         if not self.clone_outputs:
             return recorded.outputs
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded.outputs)
 
-    def _plain_noting_host_reads(self, args: Sequence[Any]) -> Any:
-        """The plain call after a failed recording, naming in :attr:`CudaGraphStats.disabled` the first
-        place it read a GPU value on the host (:mod:`kopt.host_reads`), the usual cause; a call that
-        cannot run under the dispatch mode that watches for it runs plainly."""
+    def _after_failed_recording(self, error: BaseException, args: Sequence[Any]) -> Any:
+        """The plain call after a failed recording, watching where it reads a GPU value on the host
+        (:mod:`kopt.host_reads`), the usual cause. The first time it does, the next recording bakes
+        those reads in (checked on the device at every replay); otherwise graphs are off for good,
+        with the reason and the first such place in :attr:`CudaGraphStats.disabled`."""
         from kopt.host_reads import call_noting_host_reads
 
+        failure = f"recording failed: {describe_failure(error)}"
+        torch.cuda.synchronize()
+        self.stats.plain_calls += 1
         try:
             out, reads = call_noting_host_reads(self.fn, args)
         except Exception:  # noqa: BLE001 - only a diagnosis: the plain call must still happen
-            return self.fn(*args)
-        if reads:
-            self.stats.disabled += (f"; the call reads a GPU value on the host, a wait no graph can hold, at "
-                                    f"{reads[0]}" + (f" and {len(reads) - 1} more place(s)" if len(reads) > 1 else ""))
+            out, reads = self.fn(*args), []
+        where = f"{reads[0]}" + (f" and {len(reads) - 1} more place(s)" if len(reads) > 1 else "")
+        if reads and not self._bake_reads:
+            self._bake_reads = True
+            self.stats.skipped = f"{failure}; the next recording bakes in what the call reads on the host at {where}"
+        else:
+            self.stats.disabled = failure + (f"; the call reads a GPU value on the host, a wait no graph can hold, "
+                                             f"at {where}" if reads else "")
         return out
 
     def _plain(self, reason: str, args: Sequence[Any]) -> Any:
@@ -213,25 +232,40 @@ class CudaGraphRunner:
         return self.fn(*args)
 
     def _record(self, args: Sequence[Any], inputs_signature: tuple[Any, ...]) -> _Recorded:
+        from kopt.host_reads import BakedReads, ReadLog
+
         inputs = self._input_buffers(args, inputs_signature)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # one more warm-up, on a side stream as capture requires
+        log = ReadLog() if self._bake_reads else contextlib.nullcontext()
+        with torch.cuda.stream(side), log:  # one more warm-up, on a side stream as capture requires
             expected = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
+        guard, baked = None, contextlib.nullcontext()
+        if self._bake_reads and log.values:  # kopt.host_reads: the values just read, checked per replay
+            guard = torch.zeros((), dtype=torch.bool, device=torch.device("cuda", torch.cuda.current_device()))
+            baked = BakedReads(log.values, guard)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), host_scalars_as_fills():  # kopt.host_scalars
+        with torch.cuda.graph(graph, pool=self.pool), host_scalars_as_fills(), baked:  # kopt.host_scalars
+            if guard is not None:
+                guard.zero_()  # recorded: each replay starts with a clear flag
             outputs = self.fn(*inputs)
+        if guard is not None:
+            baked.check_all_used()
         leaves, _ = tree_flatten(outputs)
         opaque = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, _COPYABLE)]
         if opaque:  # a replay overwrites the recorded outputs: each must be copied out per call
             raise RuntimeError(f"outputs of type {opaque[0]} cannot be copied out of a replay")
         graph.replay()  # the recording computes what the plain call did, or it is not used
+        if guard is not None and bool(guard):
+            raise RuntimeError("the values the recording read on the host differ on the inputs they were read from")
         mismatch = replay_mismatch(outputs, expected)
         if mismatch is not None:
             raise RuntimeError(f"the first replay differs from the plain call: {mismatch}")
         copied = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and i not in self.static_inputs]
-        return _Recorded(graph, inputs, outputs, copied)
+        if guard is not None:
+            self.stats.baked_reads += len(log.values)
+        return _Recorded(graph, inputs, outputs, copied, guard)
 
 
     def _input_buffers(self, args: Sequence[Any], inputs_signature: tuple[Any, ...]) -> list[Any]:

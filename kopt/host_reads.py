@@ -8,7 +8,17 @@ sees each of them and the Python frames that made it. Transformers' attention-ma
 in eager mode (``_ignore_causal_mask_sdpa`` reads ``padding_mask.all()``), so a Llama forward whose
 top level runs eagerly cannot be recorded whole.
 
-Only used on the failure path (one extra plain call's dispatch overhead, once per runner).
+A recording can still hold such a call when the value it read is baked in and checked: the run just
+before the recording (same inputs) logs each value read (:class:`ReadLog`); during the recording each
+read returns the logged value instead of waiting, and adds to a device flag whether the device's
+value differs (:class:`BakedReads`): comparisons the graph then replays every time. A replay after
+which the flag is set computed the branch of another value: its result is dropped and the call runs
+plainly. Valid because the recorded kernels are exactly those the plain call runs when every read
+gives its logged value, and the flag is set whenever one does not; the price is one wait per replay
+(reading the flag), paid only by recordings that baked a read.
+
+Only used where a recording failed (the dispatch overhead of one plain call, once per runner) and in
+the recording after it.
 """
 
 from __future__ import annotations
@@ -69,3 +79,47 @@ def call_noting_host_reads(fn: Callable[..., Any], args: Sequence[Any], *,
     with mode:
         out = fn(*args)
     return out, mode.found
+
+
+class ReadLog(TorchDispatchMode):
+    """Logs the value of each host read of a device tensor (all tensors without ``devices_only``), in order."""
+
+    def __init__(self, devices_only: bool = True) -> None:
+        super().__init__()
+        self.devices_only, self.values = devices_only, []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._local_scalar_dense.default and not (self.devices_only
+                                                                      and args[0].device.type == "cpu"):
+            self.values.append(out)
+        return out
+
+
+class BakedReads(TorchDispatchMode):
+    """Each host read of a device tensor returns the next value of ``values`` (a :class:`ReadLog` of the
+    same call) without reading the device, and ORs into the 0-d bool tensor ``flag`` whether the tensor's
+    value differs from it (device-side ops: a recording replays them)."""
+
+    def __init__(self, values: Sequence[Any], flag: torch.Tensor, devices_only: bool = True) -> None:
+        super().__init__()
+        self.values, self.flag, self.devices_only, self.used = list(values), flag, devices_only, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        if func is not torch.ops.aten._local_scalar_dense.default or (self.devices_only
+                                                                     and args[0].device.type == "cpu"):
+            return func(*args, **(kwargs or {}))
+        if self.used >= len(self.values):
+            raise RuntimeError(f"the call read {self.used + 1} values on the host; the run before it read "
+                               f"{len(self.values)}")
+        value = self.values[self.used]
+        self.used += 1
+        tensor = args[0]
+        self.flag.logical_or_(tensor.ne(value).reshape(()))
+        return value
+
+    def check_all_used(self) -> None:
+        """Raise unless the call read as many values as the logged run did."""
+        if self.used != len(self.values):
+            raise RuntimeError(f"the call read {self.used} values on the host; the run before it read "
+                               f"{len(self.values)}")

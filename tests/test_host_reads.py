@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kopt.host_reads import call_noting_host_reads
+from kopt.host_reads import BakedReads, ReadLog, call_noting_host_reads
 
 
 def _gate(x: torch.Tensor) -> torch.Tensor:
@@ -43,15 +43,70 @@ def test_transformers_llama_reads_its_attention_mask_on_the_host():
     assert reads and "masking_utils.py" in reads[0]
 
 
+def test_baked_reads_give_the_logged_values_and_flag_a_call_whose_values_differ():
+    """What a recording does with a host read (CPU tensors stand in for the device's): the logged run
+    gives the value; the baked call returns it without reading and sets the flag only when the tensor
+    holds another value, while computing the branch of the logged one."""
+    positive = torch.rand(8) + 0.5
+    with ReadLog(devices_only=False) as log:
+        out = _gate(positive)
+    assert log.values == [True] and torch.equal(out, positive * 2)
+
+    flag = torch.zeros((), dtype=torch.bool)
+    with BakedReads(log.values, flag, devices_only=False) as baked:
+        out = _gate(positive + 1)  # same branch: the flag stays clear
+    baked.check_all_used()
+    assert not flag and torch.equal(out, (positive + 1) * 2)
+
+    with BakedReads(log.values, flag, devices_only=False):
+        out = _gate(positive - 100)  # the device would say False: the flag is set, the logged branch ran
+    assert flag and torch.equal(out, (positive - 100) * 2)
+
+
+def test_a_call_that_reads_more_or_fewer_values_than_the_log_is_refused():
+    flag = torch.zeros((), dtype=torch.bool)
+    x = torch.rand(4)
+    with pytest.raises(RuntimeError, match="read 1 values on the host; the run before it read 0"):
+        with BakedReads([], flag, devices_only=False):
+            _gate(x)
+    with BakedReads([True, True], flag, devices_only=False) as baked:
+        _gate(x)
+    with pytest.raises(RuntimeError, match="read 1 values on the host; the run before it read 2"):
+        baked.check_all_used()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_failed_recording_names_the_line_that_read_the_gpu():
+def test_a_forward_that_reads_the_gpu_is_recorded_with_the_read_baked_in_and_checked():
+    """The first recording fails on the host read (and says where); the next bakes the value in: later
+    calls replay, and a call whose value differs runs plainly, with the right result."""
     from kopt.cuda_graphs import CudaGraphRunner
 
     runner = CudaGraphRunner(_gate, warmup=1)
-    x = torch.randn(64, device="cuda")
+    x = torch.rand(64, device="cuda") + 0.5
+    for _ in range(2):  # the warm-up call, then the failed recording's plain call
+        torch.testing.assert_close(runner(x), x * 2)
+    assert runner.stats.disabled is None and "test_host_reads.py:13 in _gate" in runner.stats.skipped
     for _ in range(3):
         torch.testing.assert_close(runner(x), x * 2)
-    assert runner.stats.disabled.startswith("recording failed: ")
-    assert "reads a GPU value on the host" in runner.stats.disabled and "test_host_reads.py:13 in _gate" in \
-        runner.stats.disabled
+    assert runner.stats.recorded == 1 and runner.stats.replays >= 2 and runner.stats.baked_reads == 1
+    low = torch.full((64,), -50.0, device="cuda")
+    torch.testing.assert_close(runner(low), low)  # (low > -10).all() is False: the other branch
+    assert runner.stats.guard_misses == 1 and "host read" in runner.stats.describe()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_recording_that_fails_again_is_disabled_naming_the_read():
+    from kopt.cuda_graphs import CudaGraphRunner
+
+    def uncapturable(x: torch.Tensor) -> torch.Tensor:
+        if bool((x > -10).all()):
+            return x[x > 0].sum().expand(4)  # a data-dependent shape: no recording can hold it
+        return x[:4]
+
+    runner = CudaGraphRunner(uncapturable, warmup=1)
+    x = torch.rand(64, device="cuda") + 0.5
+    for _ in range(4):
+        torch.testing.assert_close(runner(x), x.sum().expand(4))
+    assert runner.stats.disabled.startswith("recording failed: ") and "reads a GPU value" in runner.stats.disabled
