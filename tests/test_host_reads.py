@@ -40,7 +40,9 @@ def test_transformers_llama_reads_its_attention_mask_on_the_host():
     inputs = workload.build_inputs("tiny", torch.device("cpu"), torch.float32, torch.Generator().manual_seed(0), False)
     with torch.no_grad():
         _, reads = call_noting_host_reads(lambda: model(**inputs), [], devices_only=False)
-    assert reads and "masking_utils.py" in reads[0]
+        with ReadLog(devices_only=False) as log:  # what a recording would bake in: "the mask is all ones"
+            model(**inputs)
+    assert reads and "masking_utils.py" in reads[0] and log.values == [True]
 
 
 def test_baked_reads_give_the_logged_values_and_flag_a_call_whose_values_differ():
@@ -73,6 +75,33 @@ def test_a_call_that_reads_more_or_fewer_values_than_the_log_is_refused():
         _gate(x)
     with pytest.raises(RuntimeError, match="read 1 values on the host; the run before it read 2"):
         baked.check_all_used()
+
+
+def test_logging_and_baking_leave_compiled_code_compiled_and_torch_as_it_was():
+    """A recording holds the kernels the call runs: under the log and the baking a compiled function
+    still runs its compiled code (a dispatch mode would make dynamo run it eagerly), and afterwards
+    the tensor methods are torch's own again."""
+    compiled_calls = []
+
+    def backend(graph_module, example_inputs):
+        def run(*args):
+            compiled_calls.append(1)
+            return graph_module(*args)
+
+        return run
+
+    double = torch.compile(lambda t: t.sin() * 2, backend=backend)
+    x = torch.rand(8) + 0.5
+    before = {name: torch.Tensor.__dict__.get(name) for name in ("__bool__", "item", "__int__", "__float__")}
+    double(x)
+    with ReadLog(devices_only=False) as log:
+        _gate(double(x))
+    flag = torch.zeros((), dtype=torch.bool)
+    with BakedReads(log.values, flag, devices_only=False):
+        _gate(double(x))
+    assert len(compiled_calls) == 3 and log.values == [True] and not flag
+    assert {name: torch.Tensor.__dict__.get(name) for name in before} == before
+    assert bool(torch.tensor(0.0)) is False  # torch's own __bool__
 
 
 @pytest.mark.gpu
