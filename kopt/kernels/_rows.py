@@ -137,8 +137,8 @@ def fp8_values(x, scale):
     value no one would notice); the GEMM then carries it to the output. The scale is that of the
     row's other values (the amax reductions skip NaN), where torch's amax would make the whole row
     NaN: either way the NaN reaches the model's output. Same instruction count (``max.NaN``)."""
-    nan = tl.PropagateNan.ALL
-    return tl.minimum(tl.maximum(x * (1.0 / scale), -448.0, propagate_nan=nan), 448.0, propagate_nan=nan)
+    clamped_below = tl.maximum(x * (1.0 / scale), -448.0, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(clamped_below, 448.0, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
