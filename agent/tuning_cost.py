@@ -3,8 +3,8 @@ the time left cannot finish.
 
 Inductor's ``max_autotune_gemm`` benchmarks every candidate GEMM kernel (about a hundred templates and
 cuBLAS) at each distinct GEMM shape of the graph before the graph runs once, and the loop cannot stop a
-compile half way: on Qwen-Image with FP8 linears (13 shapes) one such side compiled for more than five
-minutes on an H200 and a 3-minute run was killed before it wrote its results. The cost is, to first
+compile half way: on an H200, one such side of Qwen-Image with FP8 linears had tuned 5 GEMM shapes in
+404 s, with more to go, when the 3-minute run's timeout killed it before it wrote its results. The cost is, to first
 order, the number of distinct GEMM shapes times the seconds one shape takes; the loop skips the choice
 (it is not evaluated, so a later run with more time tries it) when that exceeds the time left.
 Inductor caches what it chose on disk, so a second compile of the same shapes is fast: the estimate
@@ -20,8 +20,8 @@ import torch
 
 from kopt.agent.candidate import Candidate, CandidateKind
 
-# Seconds Inductor's GEMM autotuning spends per distinct shape, measured on one H200 (torch 2.11): 50-100 s
-# per FP8 scaled_mm shape (106 choices each, benchmarking and precompiling); near the lower end of that.
+# Seconds Inductor's GEMM autotuning spends per distinct shape, measured on one H200 (torch 2.11): 49-98 s
+# of benchmarking per FP8 scaled_mm shape (106 choices each); near the lower end of that.
 SECONDS_PER_GEMM_SHAPE = 60.0
 TUNING_PATCHES = ("max_autotune", "max_autotune_gemm")
 _aten = torch.ops.aten
