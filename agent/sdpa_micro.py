@@ -115,5 +115,6 @@ def check_attention_choice(candidate: Candidate, graphs: Sequence[Any], accepted
     except (RuntimeError, ValueError, NotImplementedError) as error:  # e.g. "No available kernel"
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return MicroResult(False, f"micro: attention {shape} cannot run on {backend}: {first_line[:200]}", None)
+    # the graph runs once per block of its class (``calls``): a block graph's one attention is 32 on Llama
     return micro.judge(now, new_ms, against=f"attention {shape} on {current}", signature=candidate.region_signature,
-                       occurrences=len(nodes))
+                       occurrences=len(nodes) * max(1, getattr(graph, "calls", 1)))

@@ -35,7 +35,8 @@ new values copied in computes what calling it would. What could go wrong, and ho
   first line that read a GPU value on the host, if the call did (:mod:`kopt.host_reads`);
 * a forward that reads GPU values on the host (transformers' attention-mask helpers do) fails its
   first recording; the next one bakes the values read in and checks them on the device at every
-  replay, and a replay whose values differ is dropped for a plain call (:mod:`kopt.host_reads`).
+  replay, and a replay whose values differ is dropped for a plain call (:mod:`kopt.host_reads`);
+  the failed capture's memory pool is released for it first (:func:`pool_after_failed_capture`).
 
 The counters live in a :class:`CudaGraphStats` that the compile report holds and prints.
 """
@@ -111,6 +112,25 @@ class _Recorded:
     outputs: Any
     copied: list[int]  # the inputs copied into the recorded buffers before each replay (not weights)
     guard: torch.Tensor | None = None  # set by a replay whose baked host reads differ (kopt.host_reads)
+
+
+def pool_after_failed_capture(pool: Any) -> Any:
+    """The memory pool to record into after a capture into ``pool`` raised.
+
+    torch stops routing the capture's allocations to its pool only when the capture ends cleanly;
+    after one that raised, the allocator still holds the pool as being recorded to, and the next
+    recording into it fails ("beginAllocateToPool: already recording to mempool_id": a forward
+    whose first recording failed on a host read could never be recorded with the read baked in).
+    Ended here where torch exposes the call (then ``pool`` serves again); otherwise a fresh pool."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is not None:
+        try:
+            end(torch.cuda.current_device(), pool)
+            return pool
+        except RuntimeError as error:
+            if "not currently recording" in str(error):  # the capture failed before it routed anything
+                return pool
+    return torch.cuda.graph_pool_handle()
 
 
 def describe_failure(error: BaseException) -> str:
@@ -246,10 +266,14 @@ class CudaGraphRunner:
             guard = torch.zeros((), dtype=torch.bool, device=torch.device("cuda", torch.cuda.current_device()))
             baked = BakedReads(log.values, guard)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), host_scalars_as_fills(), baked:  # kopt.host_scalars
-            if guard is not None:
-                guard.zero_()  # recorded: each replay starts with a clear flag
-            outputs = self.fn(*inputs)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool), host_scalars_as_fills(), baked:  # kopt.host_scalars
+                if guard is not None:
+                    guard.zero_()  # recorded: each replay starts with a clear flag
+                outputs = self.fn(*inputs)
+        except BaseException:
+            self._pool = pool_after_failed_capture(self._pool)
+            raise
         if guard is not None:
             baked.check_all_used()
         leaves, _ = tree_flatten(outputs)

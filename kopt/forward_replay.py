@@ -127,6 +127,7 @@ class ForwardReplay:
         tensors = [args[s] if kind == "arg" else kwargs[s] for kind, s in slots]
         if not runner.has_graphs:  # warming up, or recording now: the blocks' own checks run
             out = runner(*tensors)
+            self.pool = runner.pool  # a failed capture may have replaced it (pool_after_failed_capture)
             if runner.has_graphs:  # just recorded: watch from the state it was recorded in
                 self._guard = ReplayGuard(self.module, self._guards(), self.check)
             elif self.stats.disabled is not None and self.on_disabled is not None:

@@ -4,8 +4,11 @@ Reading a GPU value in Python (``bool(mask.all())``, ``.item()``, ``int(t)``) co
 and waits for the device, which a stream that is recording a graph refuses ("operation not permitted
 when stream is capturing"); the error names the copy, not the line that asked for it. Every such
 read reaches the dispatcher as ``aten._local_scalar_dense``, so a dispatch mode around one plain call
-sees each of them and the Python frames that made it (under a dispatch mode dynamo runs compiled
-functions eagerly: that one diagnostic call is slower, nothing else). Transformers' attention-mask helpers do this
+sees each of them and the Python frames that made it. That one call runs under the compiler stance
+``force_eager``: dynamo refuses to run compiled code under a dispatch mode and, left to itself, marks
+each compiled frame it meets there as skipped for good, so every later call of the compiled blocks
+would run eagerly (seen on Llama: a failed recording left all 32 blocks eager); the stance makes
+those frames run eagerly for this call only and touches no cache. Transformers' attention-mask helpers do this
 in eager mode (``_ignore_causal_mask_sdpa`` reads ``padding_mask.all()``), so a Llama forward whose
 top level runs eagerly cannot be recorded whole.
 
@@ -78,7 +81,7 @@ def call_noting_host_reads(fn: Callable[..., Any], args: Sequence[Any], *,
     """``fn(*args)``, and where it read a tensor's value on the host (each place once, in order);
     with ``devices_only`` only reads of tensors not on the CPU (those are the syncs)."""
     mode = _HostReads(devices_only)
-    with mode:
+    with torch.compiler.set_stance("force_eager"), mode:  # module docstring: compiled code stays compiled
         out = fn(*args)
     return out, mode.found
 

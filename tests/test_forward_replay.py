@@ -172,3 +172,21 @@ def test_a_forward_that_cannot_be_recorded_replays_each_block_from_a_graph_of_it
     recorded = sum(g.cuda_graphs.recorded for g in report.graphs if g.cuda_graphs is not None)
     replays = sum(g.cuda_graphs.replays for g in report.graphs if g.cuda_graphs is not None)
     assert recorded >= len(model.transformer_blocks) and replays >= len(model.transformer_blocks), str(report)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_forward_that_reads_its_mask_on_the_host_replays_whole_with_compiled_blocks():
+    """Llama's forward reads its all-ones mask on the host (transformers' mask helper): the first
+    recording fails there, the second bakes the read in and the whole forward replays. Every call
+    ran kopt's graphs (the diagnosis between the two left the blocks compiled), and the replays
+    match eager on fresh inputs."""
+    pytest.importorskip("transformers")
+    workload, model, reference, compiled = _replayed_model("llama")
+    for _ in range(6):
+        _check(compiled, reference, workload)
+    report = compiled.kopt_report
+    stats = report.forward_replay
+    assert stats.disabled is None and stats.recorded == 1 and stats.baked_reads == 1, stats.describe()
+    assert stats.replays >= 2 and stats.guard_misses == 0, stats.describe()
+    assert report.eager_calls == 0, str(report)

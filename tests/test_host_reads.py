@@ -104,6 +104,30 @@ def test_logging_and_baking_leave_compiled_code_compiled_and_torch_as_it_was():
     assert bool(torch.tensor(0.0)) is False  # torch's own __bool__
 
 
+def test_the_diagnosis_call_leaves_compiled_code_compiled_for_later_calls():
+    """The diagnosis runs one call under a dispatch mode; without the force_eager stance dynamo marks
+    each compiled frame it meets there as skipped for good, and every later call ran eagerly (a
+    failed Llama recording left all its blocks eager)."""
+    compiled_calls = []
+
+    def backend(graph_module, example_inputs):
+        def run(*args):
+            compiled_calls.append(1)
+            return graph_module(*args)
+
+        return run
+
+    double = torch.compile(lambda t: t.sin() * 2, backend=backend)
+    x = torch.rand(8) + 0.5
+    double(x)
+    out, reads = call_noting_host_reads(lambda t: _gate(double(t)), [x], devices_only=False)
+    torch.testing.assert_close(out, x.sin() * 4)
+    assert reads and "in _gate" in reads[0]
+    for _ in range(2):
+        torch.testing.assert_close(double(x), x.sin() * 2)
+    assert len(compiled_calls) == 3  # the first call and the two after the diagnosis ran compiled code
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_forward_that_reads_the_gpu_is_recorded_with_the_read_baked_in_and_checked():

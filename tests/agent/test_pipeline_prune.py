@@ -92,6 +92,28 @@ def test_attention_micro_times_both_backends_at_the_node_shape():
     assert "Amdahl" in bounded.reason or "not 1% faster" in bounded.reason
 
 
+def test_the_attention_bound_counts_every_block_that_runs_the_graph(monkeypatch):
+    """A block graph runs once per block of its class: on Llama its one attention is 32 per model
+    call, and the Amdahl bound counts all of them (it counted one and settled a backend that could
+    save 4 ms of a 65 ms call as unable to reach 1%). The two backends' times are fixed here: the
+    bound's arithmetic is what is tested, not the CPU's attention kernels."""
+    import kopt.agent.sdpa_micro as sdpa_micro
+
+    model, inputs = tiny_attention_block(width=64, seq=96)
+    graph = capture_graphs(model, inputs)[0]
+    (choice,) = attention_choices(graph.graph_module, base_pipeline(), "cpu")
+    candidate = to_candidate(graph.signature, choice)
+    monkeypatch.setattr(sdpa_micro, "time_backends", lambda *a, **k: ([1.0] * 20, [0.5] * 20))
+    bench = MicroBench(_Wall(), min_gain=0.01)
+    bench.saw_model_call(0.1)  # 100 ms: one occurrence saving 0.5 ms is 0.5 %, 32 of them 16 %
+    graph.calls = 1
+    alone = check_attention_choice(candidate, [graph], {}, bench)
+    assert not alone.passed and "1 occurrence(s)" in alone.reason
+    graph.calls = 32
+    per_block = check_attention_choice(candidate, [graph], {}, bench)
+    assert per_block.passed and "32 occurrence(s)" in per_block.reason
+
+
 def test_attention_micro_settles_a_backend_that_cannot_run_the_shape():
     """cuDNN attention has no CPU kernel: the choice is settled as unable to run, with no time."""
     model, inputs = tiny_attention_block()
