@@ -182,7 +182,7 @@ def test_a_forward_that_reads_its_mask_on_the_host_replays_whole_with_compiled_b
     ran kopt's graphs (the diagnosis between the two left the blocks compiled), and the replays
     match eager on fresh inputs."""
     pytest.importorskip("transformers")
-    workload, model, reference, compiled = _replayed_model("llama")
+    workload, _model, reference, compiled = _replayed_model("llama")
     for _ in range(6):
         _check(compiled, reference, workload)
     report = compiled.kopt_report
