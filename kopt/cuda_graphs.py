@@ -36,7 +36,7 @@ new values copied in computes what calling it would. What could go wrong, and ho
 * a forward that reads GPU values on the host (transformers' attention-mask helpers do) fails its
   first recording; the next one bakes the values read in and checks them on the device at every
   replay, and a replay whose values differ is dropped for a plain call (:mod:`kopt.host_reads`);
-  the failed capture's memory pool is released for it first (:func:`pool_after_failed_capture`).
+  what the failed capture left behind is undone first (:func:`pool_after_failed_capture`).
 
 The counters live in a :class:`CudaGraphStats` that the compile report holds and prints.
 """
@@ -114,22 +114,24 @@ class _Recorded:
     guard: torch.Tensor | None = None  # set by a replay whose baked host reads differ (kopt.host_reads)
 
 
-def pool_after_failed_capture(pool: Any) -> Any:
-    """The memory pool to record into after a capture into ``pool`` raised.
+def pool_after_failed_capture(pool: Any, stream: torch.cuda.Stream) -> Any:
+    """Undo what a capture into ``pool`` that raised left behind, and return the pool to record into next.
 
-    torch stops routing the capture's allocations to its pool only when the capture ends cleanly;
-    after one that raised, the allocator still holds the pool as being recorded to, and the next
-    recording into it fails ("beginAllocateToPool: already recording to mempool_id": a forward
-    whose first recording failed on a host read could never be recorded with the read baked in).
-    Ended here where torch exposes the call (then ``pool`` serves again); otherwise a fresh pool."""
+    ``torch.cuda.graph`` ends the allocator's routing to its pool and restores the caller's stream
+    only when the capture ends cleanly. After one that raised, the current stream is still the
+    capture stream (``stream``, the caller's, is set back here), and the allocator still holds
+    ``pool`` as being recorded to: the next recording into it fails ("beginAllocateToPool: already
+    recording to mempool_id"), so a forward whose first recording failed on a host read could
+    never be recorded with the read baked in. The stale routing is ended where torch exposes the
+    call (best effort: any error is ignored), and the next recording gets a fresh pool and a capture
+    stream of its own either way (should the routing survive, it applies to the old stream only)."""
+    torch.cuda.set_stream(stream)
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     if end is not None:
         try:
             end(torch.cuda.current_device(), pool)
-            return pool
-        except RuntimeError as error:
-            if "not currently recording" in str(error):  # the capture failed before it routed anything
-                return pool
+        except Exception:  # noqa: BLE001 - nothing was routed, or this torch ends it differently
+            pass
     return torch.cuda.graph_pool_handle()
 
 
@@ -164,6 +166,7 @@ class CudaGraphRunner:
         self._pool: Any = pool
         self._buffers: dict[tuple[Any, ...], list[Any]] = {}  # input buffers per signature less the weights
         self._bake_reads = False  # a recording failed on host reads: the next one bakes them in
+        self._capture_stream: torch.cuda.Stream | None = None  # None: torch's; a new one after a failed capture
         self.stats = stats if stats is not None else CudaGraphStats()
 
     @property
@@ -265,14 +268,16 @@ class CudaGraphRunner:
         if self._bake_reads and log.values:  # kopt.host_reads: the values just read, checked per replay
             guard = torch.zeros((), dtype=torch.bool, device=torch.device("cuda", torch.cuda.current_device()))
             baked = BakedReads(log.values, guard)
-        graph = torch.cuda.CUDAGraph()
+        graph, caller = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
         try:
-            with torch.cuda.graph(graph, pool=self.pool), host_scalars_as_fills(), baked:  # kopt.host_scalars
+            with torch.cuda.graph(graph, pool=self.pool, stream=self._capture_stream), host_scalars_as_fills(), \
+                    baked:  # kopt.host_scalars
                 if guard is not None:
                     guard.zero_()  # recorded: each replay starts with a clear flag
                 outputs = self.fn(*inputs)
         except BaseException:
-            self._pool = pool_after_failed_capture(self._pool)
+            self._pool = pool_after_failed_capture(self._pool, caller)
+            self._capture_stream = torch.cuda.Stream()
             raise
         if guard is not None:
             baked.check_all_used()
