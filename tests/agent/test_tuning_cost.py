@@ -13,7 +13,7 @@ from kopt.agent.candidate import CandidateKind
 from kopt.agent.graphs import capture_graphs
 from kopt.agent.pipeline_choice import to_candidate
 from kopt.agent.propose.pipeline import LOWERING_TUNING, base_pipeline, lowering_choices
-from kopt.agent.tuning_cost import SECONDS_PER_GEMM_SHAPE, gemm_shapes, tuning_seconds
+from kopt.agent.tuning_cost import SECONDS_PER_FP8_GEMM_SHAPE, SECONDS_PER_GEMM_SHAPE, gemm_shapes, tuning_seconds
 from tests.agent.tiny_models import sigmoid_gelu_mlp
 
 
@@ -27,6 +27,22 @@ def test_the_expected_tuning_time_counts_distinct_gemm_shapes():
     assert tuning_seconds(tune_gemms, graphs) == 2 * SECONDS_PER_GEMM_SHAPE
     assert tuning_seconds(tune_kernels, graphs) == 0.0
     assert tuning_seconds(tune_gemms, []) == 0.0  # not a graph of this run: nothing to estimate
+
+
+def test_fp8_gemms_are_expected_to_tune_longer_than_bf16_ones():
+    """An FP8 scaled_mm shape weighs five times the choices of a bf16 mm (49-98 s against 6-7 s each on
+    an H200): the same tuning on top of an FP8 pass list is expected to take that much longer."""
+    import dataclasses
+
+    from kopt.agent.pipeline_choice import from_candidate
+
+    model, inputs = sigmoid_gelu_mlp()
+    graphs = capture_graphs(model, inputs)
+    tune_gemms = to_candidate(graphs[0].signature, lowering_choices(base_pipeline(), "cuda")[0])
+    choice = from_candidate(tune_gemms)
+    on_fp8 = to_candidate(graphs[0].signature, dataclasses.replace(choice, passes=(*choice.passes, "fp8-linear")))
+    assert tuning_seconds(on_fp8, graphs) == 2 * SECONDS_PER_FP8_GEMM_SHAPE
+    assert SECONDS_PER_FP8_GEMM_SHAPE > 5 * SECONDS_PER_GEMM_SHAPE
 
 
 def test_a_choice_whose_tuning_outlasts_the_budget_is_deferred_and_the_rest_run(tmp_path, monkeypatch):
