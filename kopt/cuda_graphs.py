@@ -36,6 +36,8 @@ new values copied in computes what calling it would. What could go wrong, and ho
 * a forward that reads GPU values on the host (transformers' attention-mask helpers do) fails its
   first recording; the next one bakes the values read in and checks them on the device at every
   replay, and a replay whose values differ is dropped for a plain call (:mod:`kopt.host_reads`);
+  its warm-up also takes the branch that code asking "is this stream capturing?" takes under
+  capture, so that what the recording runs was compiled before it (:mod:`kopt.capture_branch`);
   what the failed capture left behind is undone first (:func:`pool_after_failed_capture`).
 
 The counters live in a :class:`CudaGraphStats` that the compile report holds and prints.
@@ -51,6 +53,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from kopt.capture_branch import as_if_capturing
 from kopt.host_scalars import host_scalars_as_fills
 
 
@@ -166,6 +169,7 @@ class CudaGraphRunner:
         self._pool: Any = pool
         self._buffers: dict[tuple[Any, ...], list[Any]] = {}  # input buffers per signature less the weights
         self._bake_reads = False  # a recording failed on host reads: the next one bakes them in
+        self._retrying = False  # a recording failed: the next one warms up as if capturing (the last try)
         self._capture_stream: torch.cuda.Stream | None = None  # None: torch's; a new one after a failed capture
         self.stats = stats if stats is not None else CudaGraphStats()
 
@@ -228,9 +232,10 @@ class CudaGraphRunner:
 
     def _after_failed_recording(self, error: BaseException, args: Sequence[Any]) -> Any:
         """The plain call after a failed recording, watching where it reads a GPU value on the host
-        (:mod:`kopt.host_reads`), the usual cause. The first time it does, the next recording bakes
-        those reads in (checked on the device at every replay); otherwise graphs are off for good,
-        with the reason and the first such place in :attr:`CudaGraphStats.disabled`."""
+        (:mod:`kopt.host_reads`), the usual cause. After the first failure the next recording is the
+        last try: its warm-up takes the branch a capture takes (:mod:`kopt.capture_branch`) and
+        bakes in the reads found (checked on the device at every replay). After the second, graphs
+        are off for good, with the reason and the first such place in :attr:`CudaGraphStats.disabled`."""
         from kopt.host_reads import call_noting_host_reads
 
         failure = f"recording failed: {describe_failure(error)}"
@@ -241,9 +246,10 @@ class CudaGraphRunner:
         except Exception:  # noqa: BLE001 - only a diagnosis: the plain call must still happen
             out, reads = self.fn(*args), []
         where = f"{reads[0]}" + (f" and {len(reads) - 1} more place(s)" if len(reads) > 1 else "")
-        if reads and not self._bake_reads:
-            self._bake_reads = True
-            self.stats.skipped = f"{failure}; the next recording bakes in what the call reads on the host at {where}"
+        if not self._retrying:
+            self._retrying, self._bake_reads = True, bool(reads)
+            self.stats.skipped = (f"{failure}; the next recording warms up as a capture would run"
+                                  + (f" and bakes in what the call reads on the host at {where}" if reads else ""))
         else:
             self.stats.disabled = failure + (f"; the call reads a GPU value on the host, a wait no graph can hold, "
                                              f"at {where}" if reads else "")
@@ -261,7 +267,8 @@ class CudaGraphRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         log = ReadLog() if self._bake_reads else contextlib.nullcontext()
-        with torch.cuda.stream(side), log:  # one more warm-up, on a side stream as capture requires
+        branch = as_if_capturing() if self._retrying else contextlib.nullcontext()  # kopt.capture_branch
+        with torch.cuda.stream(side), log, branch:  # one more warm-up, on a side stream as capture requires
             expected = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         guard, baked = None, contextlib.nullcontext()
