@@ -10,8 +10,10 @@ the graph with the real arguments of that call, and runs the original graph (not
 ``regional=True`` captures as ``kopt.compile(regional=True)`` does (:mod:`kopt.regional`): dynamo
 on each repeated block, so one graph per block class (with the first instance's weights and
 arguments) and ``calls``, how many times the forward runs it; the code between blocks runs eagerly
-and is no graph. The graphs, their signatures and their regions are then those the regional
-compile's passes see, which is where the knowledge base's findings apply.
+and is no graph, but for the large linears there with ``between_blocks="linears"`` (an LLM's LM head:
+a graph of its own, where an FP8 choice can reach it). The graphs, their signatures and their
+regions are then those the regional compile's passes see, which is where the knowledge base's
+findings apply.
 """
 
 from __future__ import annotations
@@ -63,10 +65,12 @@ def call(model: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any]) -
 
 
 def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
-                   passes: Sequence[Pass] | None = None, *, regional: bool = False) -> list[ProbedGraph]:
+                   passes: Sequence[Pass] | None = None, *, regional: bool = False,
+                   between_blocks: str = "eager") -> list[ProbedGraph]:
     """Every graph dynamo finds in one call of ``model``, captured and rewritten by ``passes``
     (default :func:`passes_before_staging`), with the call's real user arguments; ``regional``: one
-    graph per repeated block class instead (module docstring)."""
+    graph per repeated block class instead (module docstring), and with ``between_blocks="linears"``
+    one per large linear between the blocks (:func:`kopt.regional.linears_between_blocks`)."""
     from kopt.agent.pipeline_choice import structural_copy
     from kopt.dynamo_cache import compile_isolated
     from kopt.passes.manager import run_passes
@@ -93,7 +97,7 @@ def capture_graphs(model: torch.nn.Module, example_inputs: Sequence[Any] | Mappi
 
     with torch.no_grad():
         if regional:
-            compile_blocks(model, backend, dynamic=False)
+            compile_blocks(model, backend, dynamic=False, between_blocks=between_blocks)
             try:
                 call(model, example_inputs)
             finally:

@@ -250,7 +250,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
              model_name: str | None = None, max_candidates: int | None = None, llm: Any = None,
              progress: bool | None = None, micro: bool = True, lower: str = "eager", fp8: Any = None,
              pipelines: bool = True, workers: int | str = AUTO, executor: str = "local",
-             regional: bool | None = None,
+             regional: bool | None = None, between_blocks: str | None = None,
              on_evaluation: Callable[[Evaluation], None] | None = None) -> OptimizeResult:
     """Find, prove and keep rewrites for ``model`` within ``budget_min`` minutes (module docstring).
 
@@ -281,6 +281,12 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
             keyed by the block graphs, so ``kopt.compile(..., regional=True)`` is what applies it.
             None (default): when ``lower="inductor"``, no clock is given and the model has repeated
             blocks (:func:`kopt.regional.repeated_blocks`); False: capture and time the whole model.
+        between_blocks: with ``regional``, as ``kopt.compile``'s: ``"linears"`` makes each large linear
+            between the blocks a graph of its own (an LLM's LM head), which gets choices of its own (FP8
+            for it alone, judged on the model's output like every choice); apply what is accepted there
+            with ``kopt.compile(..., regional=True, between_blocks="linears")``. None (default):
+            ``"linears"`` when ``fp8`` is given (a lone linear compiled in bf16 runs the GEMM it ran
+            eagerly; in FP8 it can be faster), else ``"eager"``.
         on_evaluation: called with each evaluation as soon as it is recorded (a caller that writes
             results as they come keeps them if the run is killed).
 
@@ -295,10 +301,15 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
     verify_config = verify_config or VerifyConfig(seed=seed)
     bench_config = bench_config or BenchConfig(seed=seed)
     regional = wants_regional(model, regional, lower, clock)
+    if between_blocks is None:
+        between_blocks = "linears" if fp8 is not None and regional else "eager"
+    elif between_blocks != "eager" and not regional:
+        raise ValueError(f"between_blocks={between_blocks!r} is for regional runs (a whole-model capture "
+                         "holds the code between blocks already)")
     with show_progress(progress), KnowledgeBase(kb_path) as kb:
         log.info("agent: capturing %s%s", model_name or type(model).__name__,
                  " one graph per repeated block class" if regional else "")
-        graphs = capture_graphs(model, example_inputs, regional=regional)
+        graphs = capture_graphs(model, example_inputs, regional=regional, between_blocks=between_blocks)
         occurrences = [o for g in graphs for o in find_occurrences(g.graph_module, g.index, model=model_name)]
         log.info("agent: profiling %d region occurrences in %d graph(s)", len(occurrences), len(graphs))
         profile = profile_graphs(graphs, occurrences)
@@ -310,7 +321,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         if clock is None and regional:
             from kopt.agent.regional_clock import RegionalClock
 
-            clock = RegionalClock(model, example_inputs, lower=lower)
+            clock = RegionalClock(model, example_inputs, lower=lower, between_blocks=between_blocks)
         clock = clock or WallClock(graphs, lower=lower)
         environment = kb.record_environment(current_environment())
         regions = {o.region.signature: o.region for o in occurrences}

@@ -103,13 +103,15 @@ class RegionalClock:
     """Real time per call of ``model``'s forward compiled regionally with a candidate set (module docstring).
 
     ``lower``: ``"inductor"`` (what a GPU number must use) or ``"eager"`` (CPU tests); ``replay``:
-    CUDA-graph replay of the whole forward (default: on a GPU with Inductor)."""
+    CUDA-graph replay of the whole forward (default: on a GPU with Inductor); ``between_blocks``: as
+    ``kopt.compile``'s (``"linears"``: the large linears between the blocks are graphs too)."""
 
     model: torch.nn.Module
     inputs: Sequence[Any] | Mapping[str, Any]
     lower: str = "inductor"
     replay: bool | None = None
     name: str = "wall-regional"
+    between_blocks: str = "eager"
 
     def __post_init__(self) -> None:
         if self.lower not in ("eager", "inductor"):
@@ -148,13 +150,14 @@ class RegionalClock:
 
     def _build(self, chosen: Mapping[str, Candidate], key: tuple[str, ...]) -> _Side:
         import kopt
-        from kopt.regional import repeated_blocks
+        from kopt.regional import regional_modules
 
         began = time.perf_counter()
         compiled = kopt.compile(self.model, passes=side_passes(chosen), regional=True, lower=self.lower,
                                 cuda_graphs=self.replay, check_lowering=False, kb=False, release_weights=False,
-                                share_weights=False, on_weight_change="ignore", progress=False)
-        side = _Side(compiled, {b: b._compiled_call_impl for b in repeated_blocks(self.model)})
+                                share_weights=False, on_weight_change="ignore", progress=False,
+                                between_blocks=self.between_blocks)
+        side = _Side(compiled, {m: m._compiled_call_impl for m in regional_modules(self.model, self.between_blocks)})
         try:
             with torch.no_grad():
                 call(compiled, self.inputs)  # compiles the blocks
@@ -199,13 +202,13 @@ class RegionalClock:
         what the user's output does once every block runs the candidates, which a check of one
         block's graph on random arguments does not show (errors compound over the blocks)."""
         from kopt.reference import reference_forward
-        from kopt.regional import repeated_blocks
+        from kopt.regional import regional_modules
         from kopt.verify import compare
 
         fresh = fresh_inputs(self.inputs, seed)
         side = self._side(chosen)
         side.activate()
-        blocks = repeated_blocks(self.model)
+        blocks = regional_modules(self.model, self.between_blocks)
         with torch.no_grad():
             got = call(side.compiled, fresh)
             for block in blocks:  # the module as the user wrote it

@@ -144,7 +144,8 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             fp8: Fp8Config | bool | None = None, cuda_graphs: bool | None = None,
             release_weights: bool | None = None, mode: str | None = None, progress: bool | None = None,
             check_lowering: bool | None = None, kb: str | Path | bool | None = None,
-            regional: bool = False, share_weights: bool = True) -> KoptModule | KoptFunction | KoptRegional:
+            regional: bool = False, share_weights: bool = True,
+            between_blocks: str = "eager") -> KoptModule | KoptFunction | KoptRegional:
     """Compile ``model`` for inference with kopt's verified graph rewrites.
 
     Args:
@@ -215,6 +216,10 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             the model, but no rewrite that spans blocks (block seams, the float32 residual stream,
             the step-invariant stage) and the code between blocks runs eagerly. Returns a
             :class:`kopt.regional.KoptRegional`.
+        between_blocks: with ``regional=True``, what becomes of the code between the blocks:
+            ``"eager"`` (default) runs it as written; ``"linears"`` also compiles each linear there
+            with at least 1024 input and output features on its own (an LLM's LM head), so that FP8
+            and the knowledge base's choices reach it (:func:`kopt.regional.linears_between_blocks`).
         share_weights: the module's weights that a merged constant holds row for row (Q/K/V and
             other sibling projections) become views of it, so their bytes are held once
             (:mod:`kopt.fx.shared_weights`) and writes to them need no per-call checksum. They
@@ -233,9 +238,12 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
                            progress=progress, check_lowering=check_lowering, kb=kb, share_weights=share_weights)
     release = resolve_release(release_weights, fp8, regional)
+    if between_blocks != "eager" and not regional:
+        raise ValueError(f"between_blocks={between_blocks!r} is for regional=True (a whole-model compilation "
+                         "compiles the code between blocks already)")
     if regional:
         return compile_regional(model, backend, fullgraph=fullgraph, dynamic=dynamic,  # type: ignore[arg-type]
-                                release_weights=release)
+                                release_weights=release, between_blocks=between_blocks)
     if not isinstance(model, torch.nn.Module):
         if release_weights:
             raise ValueError("release_weights=True frees a module's weights; a function has none")

@@ -19,6 +19,11 @@ The report says which blocks were compiled and what the replay did.
 
 Blocks: the classes a diffusers model declares in ``_repeated_blocks``; otherwise the items of each
 outermost ``nn.ModuleList`` whose items have submodules (SD3, Sana, PixArt, transformers LLMs).
+
+``between_blocks="linears"`` also compiles, each on its own, the large linears outside the blocks
+(:func:`linears_between_blocks`): an LLM's LM head is 6 % of Llama-3.1-8B's prefill FLOPs and runs
+eagerly otherwise, out of reach of FP8 and of the agent's choices. Off by default: compiling a
+lone linear changes nothing by itself and costs a compile and a guard check per call.
 """
 
 from __future__ import annotations
@@ -44,6 +49,28 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return _outermost_list_items(model)
 
 
+BETWEEN_BLOCKS = ("eager", "linears")
+# A linear with fewer input or output features is no GEMM worth a graph of its own (Fp8Config's default too)
+MIN_FEATURES = 1024
+
+
+def linears_between_blocks(model: nn.Module, min_features: int = MIN_FEATURES) -> list[nn.Linear]:
+    """The ``nn.Linear`` modules outside every repeated block with at least ``min_features`` input and
+    output features, in model order: an LLM's LM head, a DiT's input, output and modulation projections."""
+    inside = {id(m) for block in repeated_blocks(model) for m in block.modules()}
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside
+            and min(m.in_features, m.out_features) >= min_features]
+
+
+def regional_modules(model: nn.Module, between_blocks: str = "eager") -> list[nn.Module]:
+    """What a regional compilation compiles: the repeated blocks, and with ``between_blocks="linears"``
+    the large linears between them (module docstring)."""
+    if between_blocks not in BETWEEN_BLOCKS:
+        raise ValueError(f"between_blocks must be one of {BETWEEN_BLOCKS}, got {between_blocks!r}")
+    modules = repeated_blocks(model)
+    return modules + linears_between_blocks(model) if between_blocks == "linears" and modules else modules
+
+
 def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
     items: list[nn.Module] = []
     for child in module.children():
@@ -55,15 +82,16 @@ def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
 
 
 def compile_blocks(model: nn.Module, backend: Callable[..., Any], *, fullgraph: bool = False,
-                   dynamic: bool | None = None, isolate: bool = True) -> list[str]:
-    """``torch.compile`` each repeated block of ``model`` in place with ``backend``; the block class
-    names, sorted. Raises ValueError when the model has no repeated blocks.
+                   dynamic: bool | None = None, isolate: bool = True, between_blocks: str = "eager") -> list[str]:
+    """``torch.compile`` each repeated block of ``model`` in place with ``backend`` (and each module of
+    :func:`regional_modules` for ``between_blocks``); the class names, sorted. Raises ValueError when
+    the model has no repeated blocks.
 
     ``isolate`` (default): the blocks get dynamo cache state of this compilation's own
     (:func:`kopt.dynamo_cache.compile_blocks_isolated`), so compiling a model again never inherits
     the recompile limit of earlier compilations; False: ``nn.Module.compile`` on each block, exactly
     as diffusers' ``compile_repeated_blocks()`` does (the benchmarks' baseline)."""
-    blocks = repeated_blocks(model)
+    blocks = regional_modules(model, between_blocks)
     if not blocks:
         raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no nn.ModuleList of "
                          "blocks: compile it whole (regional=False)")
@@ -144,19 +172,21 @@ class KoptRegional(nn.Module):
 
 
 def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
-                     dynamic: bool | None = None, release_weights: Release = False) -> KoptRegional:
+                     dynamic: bool | None = None, release_weights: Release = False,
+                     between_blocks: str = "eager") -> KoptRegional:
     """``model`` with each repeated block compiled by ``backend`` (a :class:`kopt.backend.KoptBackend`).
     When the backend's options ask for CUDA graphs, the whole forward is what is recorded; the blocks'
     graphs record their own (one per block, since each calls with its own weights) only if it cannot be.
     ``release_weights``: free every block's weights no compiled graph reads (:mod:`kopt.release`: the
     bf16 originals of FP8 linears, in each block's weight set) as soon as that block's derived weights
     exist, and whatever is left after the first call: all of them (True), or those on the given device
-    types. The first call then peaks near the model's size, not at its bf16 and FP8 weights together."""
+    types. The first call then peaks near the model's size, not at its bf16 and FP8 weights together.
+    ``between_blocks="linears"``: the large linears between the blocks are compiled too (module docstring)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"regional compilation compiles a module's blocks; got {type(model).__name__}")
     replay = backend.options.use_cuda_graphs
     if replay:  # each block's graph waits: it replays only if the whole forward cannot be recorded
         backend.graphs_held_back = "held back: the whole forward is replayed from one CUDA graph (regional)"
         backend.max_graphs = 1024  # then one recording per block (each calls it with its own weights)
-    blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic)
+    blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic, between_blocks=between_blocks)
     return KoptRegional(model, backend, blocks, replay=replay, release_weights=release_weights)
