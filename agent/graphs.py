@@ -111,3 +111,26 @@ def _argument_names(model: Callable[..., Any]) -> tuple[str, ...]:
     from kopt.api import _argument_names as names
 
     return names(model.forward if isinstance(model, torch.nn.Module) else model)
+
+
+def without_minor_gemms(graphs: Sequence[ProbedGraph], min_share: float) -> list[ProbedGraph]:
+    """``graphs`` less those that are one GEMM (a linear between the blocks, ``between_blocks="linears"``)
+    whose FLOPs, times the calls per model call, are under ``min_share`` of all the graphs' FLOPs.
+
+    Amdahl: a choice for such a graph saves at most the graph's time, and a lone GEMM's time follows
+    its FLOPs, so under ``min_share`` of the model's work it cannot make the model ``min_share`` faster
+    (a DiT's modulation linear runs one row per call; its text projection, a few hundred)."""
+    from kopt.agent.floor import node_flops
+    from kopt.agent.tuning_cost import GEMM_OPS
+
+    def flops(graph: ProbedGraph) -> float:
+        return graph.calls * sum(node_flops(n) for n in graph.graph_module.graph.nodes)
+
+    total = sum(flops(g) for g in graphs)
+    kept = []
+    for graph in graphs:
+        gemms = [n for n in graph.graph_module.graph.nodes if n.op == "call_function" and n.target in GEMM_OPS]
+        if len(gemms) == 1 and total > 0 and flops(graph) < min_share * total:
+            continue
+        kept.append(graph)
+    return kept
