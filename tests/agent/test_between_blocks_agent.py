@@ -68,3 +68,42 @@ def test_optimize_with_fp8_makes_the_lm_head_a_graph_by_default(tmp_path):
     with pytest.raises(ValueError, match="is for regional runs"):
         optimize(model, (x,), budget_min=1, kb_path=tmp_path / "kb.sqlite", regional=False, clock="cost-model",
                  between_blocks="linears", max_candidates=1, progress=False, workers=1)
+
+
+def test_an_accepted_lm_head_choice_applies_with_between_blocks_linears(tmp_path):
+    """The user's path: the knowledge base holds an accepted FP8 choice for the head's graph;
+    ``kopt.compile(passes="auto", regional=True, between_blocks="linears")`` finds it by the graph's
+    signature, verifies it again and quantizes the head alone; without ``between_blocks`` the head
+    is no graph and nothing applies to it."""
+    import kopt
+    from kopt.agent.kb import KnowledgeBase, Status
+    from kopt.agent.pipeline_choice import graph_region
+    from kopt.reference import reference_forward
+    from tests.conftest import rel_err
+
+    model = _model()
+    x = torch.randn(2, 8, 64)
+    graphs = capture_graphs(model, (x,), regional=True, between_blocks="linears")
+    head = graphs[1]
+    choice = next(c for c in propose_pipelines(graphs, fp8=Fp8Config(min_features=16))
+                  if c.region_signature == head.signature and dict(c.params)["change"] == "fp8 row scales")
+    kb_path = tmp_path / "kb.sqlite"
+    with KnowledgeBase(kb_path) as kb:
+        kb.record_region(graph_region(head.original))
+        kb.record_candidate(choice, status=Status.ACCEPTED, reason="won on the GPU")
+    fresh = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        compiled = kopt.compile(model, passes="auto", regional=True, between_blocks="linears", lower="eager",
+                                kb=kb_path, check_lowering=False, progress=False)
+        got = compiled(fresh)
+        report = compiled.kopt_report
+        compiled.undo()
+        plain = kopt.compile(model, passes="auto", regional=True, lower="eager", kb=kb_path,
+                             check_lowering=False, progress=False)
+        plain_report = plain.kopt_report
+        plain(fresh)
+        plain.undo()
+    fp8 = [any(r.name == "fp8-linear" and r.matches for r in g.passes) for g in report.graphs]
+    assert fp8 == [False, True]  # the head alone, as the KB says
+    assert 0 < rel_err(got, reference_forward(model, fresh)) < 0.1
+    assert not any(r.name == "fp8-linear" and r.matches for g in plain_report.graphs for r in g.passes)
