@@ -7,10 +7,10 @@ read reaches the dispatcher as ``aten._local_scalar_dense``, so a dispatch mode 
 sees each of them and the Python frames that made it. That one call runs under the compiler stance
 ``force_eager``: dynamo refuses to run compiled code under a dispatch mode and, left to itself, marks
 each compiled frame it meets there as skipped for good, so every later call of the compiled blocks
-would run eagerly (seen on Llama: a failed recording left all 32 blocks eager); the stance makes
-those frames run eagerly for this call only and touches no cache. Transformers' attention-mask helpers do this
-in eager mode (``_ignore_causal_mask_sdpa`` reads ``padding_mask.all()``), so a Llama forward whose
-top level runs eagerly cannot be recorded whole.
+would run eagerly; the stance makes those frames run eagerly for this call only and touches no
+cache. Transformers' attention-mask helpers do this in eager mode (``_ignore_causal_mask_sdpa``
+reads ``padding_mask.all()``) when no stream is capturing (:mod:`kopt.capture_branch` covers the
+other branch), so a Llama forward whose top level runs eagerly fails its first recording.
 
 A recording can still hold such a call when the value it read is baked in and checked: the run just
 before the recording (same inputs) logs each value Python code reads (:class:`ReadLog`); during the
