@@ -106,6 +106,9 @@ class KoptBackend:
         # regional with release_weights: free each block's weights as soon as its derived ones exist
         # (False: not before the first call ends; True or device types: as release_unread_weights takes)
         self.release_early: bool | tuple[str, ...] = False
+        # storages of weights that code outside the compiled graphs reads (regional: the code between
+        # blocks, e.g. an embedding tied to a compiled LM head): never released
+        self.read_outside: set[int] = set()
         self._breaks_before = _graph_breaks()
 
     def dispose(self) -> None:
@@ -116,8 +119,9 @@ class KoptBackend:
         self.compiled.clear()
 
     def read_storages(self) -> set[int]:
-        """Storages of every weight some compiled graph reads (:meth:`CompiledGraph.read_storages`)."""
-        live: set[int] = set()
+        """Storages of every weight some compiled graph reads (:meth:`CompiledGraph.read_storages`), and
+        those the code that is not compiled reads (:attr:`read_outside`: never released)."""
+        live: set[int] = set(self.read_outside)
         for graph in self.compiled:
             live |= graph.read_storages()
         return live
@@ -125,9 +129,7 @@ class KoptBackend:
     def release_unread_weights(self, devices: Sequence[str] | None = None) -> int:
         """Free the storage of every captured weight no compiled graph reads (:mod:`kopt.release`), only on
         ``devices``' types when given."""
-        live: set[int] = set()
-        for graph in self.compiled:
-            live |= graph.read_storages()
+        live = self.read_storages()
         freed = release_unread_weights((t for g in self.compiled for t in g.release_candidates()), live, devices)
         for graph in self.compiled:
             graph.forget_released()

@@ -71,6 +71,16 @@ def regional_modules(model: nn.Module, between_blocks: str = "eager") -> list[nn
     return modules + linears_between_blocks(model) if between_blocks == "linears" and modules else modules
 
 
+def weights_read_outside(model: nn.Module, compiled: list[nn.Module]) -> set[int]:
+    """Storages of the parameters and buffers that modules outside every ``compiled`` one hold: what the
+    code between the blocks reads, which releasing a compiled module's unread weights must not free (a
+    weight can be both: an LM head tied to the embedding, Gemma 2's)."""
+    inside = {id(m) for module in compiled for m in module.modules()}
+    held = [t for m in model.modules() if id(m) not in inside
+            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))]
+    return {t.untyped_storage().data_ptr() for t in held if t.device.type != "meta"}
+
+
 def _outermost_list_items(module: nn.Module) -> list[nn.Module]:
     items: list[nn.Module] = []
     for child in module.children():
@@ -189,4 +199,5 @@ def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
         backend.graphs_held_back = "held back: the whole forward is replayed from one CUDA graph (regional)"
         backend.max_graphs = 1024  # then one recording per block (each calls it with its own weights)
     blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic, between_blocks=between_blocks)
+    backend.read_outside = weights_read_outside(model, regional_modules(model, between_blocks))
     return KoptRegional(model, backend, blocks, replay=replay, release_weights=release_weights)

@@ -76,3 +76,41 @@ def test_fp8_reaches_the_lm_head_only_when_it_is_compiled():
     assert not torch.equal(out, out_eager_head)  # the head's GEMM is FP8 now
     with pytest.raises(ValueError, match="is for regional=True"):
         kopt.compile(model, between_blocks="linears")
+
+
+class _TiedLM(nn.Module):
+    """Token ids in, the embedding's weight tied to the LM head (as Gemma 2's is)."""
+
+    def __init__(self, width: int = 1024, vocab: int = 1536) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(_Block(width) for _ in range(2))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def test_a_weight_the_code_between_blocks_reads_is_never_released():
+    """The LM head's FP8 copy makes its bf16 weight unread by any compiled graph, but the embedding,
+    which runs between the blocks, reads the same tensor: releasing it would feed the next call freed
+    memory. The blocks' bf16 originals of their FP8 linears are released as before."""
+    from kopt.release import is_released
+
+    torch.manual_seed(0)
+    model = _TiedLM().eval().requires_grad_(False)
+    ids = torch.randint(0, 1536, (1, 8))
+    with torch.no_grad():
+        exact = reference_forward(model, ids)
+        compiled = kopt.compile(model, regional=True, lower="eager", fp8=Fp8Config(min_features=16),
+                                release_weights=True, between_blocks="linears")
+        first = compiled(ids)
+        second = compiled(ids)
+    assert compiled.kopt_report.released_bytes > 0  # the blocks' quantized linears
+    assert not is_released(model.embed.weight) and model.embed.weight is model.head.weight
+    assert any(is_released(p) for p in model.layers.parameters())
+    assert torch.equal(first, second) and 0 < rel_err(second, exact) < 0.1
