@@ -113,24 +113,24 @@ def _argument_names(model: Callable[..., Any]) -> tuple[str, ...]:
     return names(model.forward if isinstance(model, torch.nn.Module) else model)
 
 
+def lone_gemm(graph: ProbedGraph) -> bool:
+    """Whether the graph holds exactly one GEMM (a linear between the blocks, ``between_blocks="linears"``)."""
+    from kopt.agent.tuning_cost import GEMM_OPS
+
+    return sum(n.op == "call_function" and n.target in GEMM_OPS for n in graph.graph_module.graph.nodes) == 1
+
+
 def without_minor_gemms(graphs: Sequence[ProbedGraph], min_share: float) -> list[ProbedGraph]:
-    """``graphs`` less those that are one GEMM (a linear between the blocks, ``between_blocks="linears"``)
-    whose FLOPs, times the calls per model call, are under ``min_share`` of all the graphs' FLOPs.
+    """``graphs`` less those that are one GEMM (:func:`lone_gemm`) whose FLOPs, times the calls per
+    model call, are under ``min_share`` of all the graphs' FLOPs.
 
     Amdahl: a choice for such a graph saves at most the graph's time, and a lone GEMM's time follows
     its FLOPs, so under ``min_share`` of the model's work it cannot make the model ``min_share`` faster
     (a DiT's modulation linear runs one row per call; its text projection, a few hundred)."""
     from kopt.agent.floor import node_flops
-    from kopt.agent.tuning_cost import GEMM_OPS
 
     def flops(graph: ProbedGraph) -> float:
         return graph.calls * sum(node_flops(n) for n in graph.graph_module.graph.nodes)
 
     total = sum(flops(g) for g in graphs)
-    kept = []
-    for graph in graphs:
-        gemms = [n for n in graph.graph_module.graph.nodes if n.op == "call_function" and n.target in GEMM_OPS]
-        if len(gemms) == 1 and total > 0 and flops(graph) < min_share * total:
-            continue
-        kept.append(graph)
-    return kept
+    return [g for g in graphs if not (lone_gemm(g) and total > 0 and flops(g) < min_share * total)]

@@ -31,7 +31,7 @@ import torch
 
 from kopt.agent.bench import BenchConfig, E2EResult, WallClock, measure
 from kopt.agent.candidate import Candidate, CandidateKind
-from kopt.agent.graphs import ProbedGraph, capture_graphs, without_minor_gemms
+from kopt.agent.graphs import ProbedGraph, capture_graphs, lone_gemm, without_minor_gemms
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
 from kopt.agent.kb.records import Measurement
 from kopt.agent.micro import MicroBench, timing_config
@@ -312,6 +312,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         graphs = capture_graphs(model, example_inputs, regional=regional, between_blocks=between_blocks)
         if between_blocks == "linears":  # a lone GEMM under 1 % of the work cannot give a 1 % win
             graphs = without_minor_gemms(graphs, bench_config.min_gain)
+            if not any(lone_gemm(g) for g in graphs):  # none left: the sides need not compile them
+                between_blocks = "eager"
         occurrences = [o for g in graphs for o in find_occurrences(g.graph_module, g.index, model=model_name)]
         log.info("agent: profiling %d region occurrences in %d graph(s)", len(occurrences), len(graphs))
         profile = profile_graphs(graphs, occurrences)

@@ -107,3 +107,17 @@ def test_an_accepted_lm_head_choice_applies_with_between_blocks_linears(tmp_path
     assert fp8 == [False, True]  # the head alone, as the KB says
     assert 0 < rel_err(got, reference_forward(model, fresh)) < 0.1
     assert not any(r.name == "fp8-linear" and r.matches for g in plain_report.graphs for r in g.passes)
+
+
+def test_when_no_linear_between_blocks_is_worth_it_the_sides_compile_none(tmp_path):
+    """At a 10 % bar the head (8.5 % of the work) gets no choices, and the A/B sides then compile the
+    blocks alone, as without FP8 (a lone linear compiled for nothing costs a compile per side)."""
+    from kopt.agent import optimize
+    from kopt.agent.bench import BenchConfig
+
+    model = _model()
+    x = torch.randn(2, 8, 64)
+    result = optimize(model, (x,), budget_min=1, kb_path=tmp_path / "kb.sqlite", regional=True, lower="eager",
+                      fp8=Fp8Config(min_features=16), bench_config=BenchConfig(min_gain=0.10), max_candidates=1,
+                      micro=False, progress=False, workers=1)
+    assert [g.calls for g in result.graphs] == [2] and result.clock.between_blocks == "eager"
