@@ -77,10 +77,8 @@ def test_a_call_that_reads_more_or_fewer_values_than_the_log_is_refused():
         baked.check_all_used()
 
 
-def test_logging_and_baking_leave_compiled_code_compiled_and_torch_as_it_was():
-    """A recording holds the kernels the call runs: under the log and the baking a compiled function
-    still runs its compiled code (a dispatch mode would make dynamo run it eagerly), and afterwards
-    the tensor methods are torch's own again."""
+def _counted_double():
+    """``t.sin() * 2`` compiled by a backend that counts the calls of its compiled code, and the count."""
     compiled_calls = []
 
     def backend(graph_module, example_inputs):
@@ -90,7 +88,14 @@ def test_logging_and_baking_leave_compiled_code_compiled_and_torch_as_it_was():
 
         return run
 
-    double = torch.compile(lambda t: t.sin() * 2, backend=backend)
+    return torch.compile(lambda t: t.sin() * 2, backend=backend), compiled_calls
+
+
+def test_logging_and_baking_leave_compiled_code_compiled_and_torch_as_it_was():
+    """A recording holds the kernels the call runs: under the log and the baking a compiled function
+    still runs its compiled code (a dispatch mode would make dynamo run it eagerly), and afterwards
+    the tensor methods are torch's own again."""
+    double, compiled_calls = _counted_double()
     x = torch.rand(8) + 0.5
     before = {name: torch.Tensor.__dict__.get(name) for name in ("__bool__", "item", "__int__", "__float__")}
     double(x)
@@ -108,16 +113,7 @@ def test_the_diagnosis_call_leaves_compiled_code_compiled_for_later_calls():
     """The diagnosis runs one call under a dispatch mode; without the force_eager stance dynamo marks
     each compiled frame it meets there as skipped for good, and every later call ran eagerly (a
     failed Llama recording left all its blocks eager)."""
-    compiled_calls = []
-
-    def backend(graph_module, example_inputs):
-        def run(*args):
-            compiled_calls.append(1)
-            return graph_module(*args)
-
-        return run
-
-    double = torch.compile(lambda t: t.sin() * 2, backend=backend)
+    double, compiled_calls = _counted_double()
     x = torch.rand(8) + 0.5
     double(x)
     out, reads = call_noting_host_reads(lambda t: _gate(double(t)), [x], devices_only=False)
