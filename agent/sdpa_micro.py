@@ -117,4 +117,4 @@ def check_attention_choice(candidate: Candidate, graphs: Sequence[Any], accepted
         return MicroResult(False, f"micro: attention {shape} cannot run on {backend}: {first_line[:200]}", None)
     # the graph runs once per block of its class (``calls``): a block graph's one attention is 32 on Llama
     return micro.judge(now, new_ms, against=f"attention {shape} on {current}", signature=candidate.region_signature,
-                       occurrences=len(nodes) * max(1, getattr(graph, "calls", 1)))
+                       occurrences=len(nodes) * max(1, graph.calls))

@@ -41,13 +41,14 @@ class _TinyLM(nn.Module):
         return self.head(h)
 
 
-def _model() -> _TinyLM:
+def tiny_lm() -> _TinyLM:
+    """The tiny LM with seeded weights, for inference (the agent tests use it too)."""
     torch.manual_seed(0)
     return _TinyLM().eval().requires_grad_(False)
 
 
 def test_the_lm_head_is_found_by_what_it_is():
-    model = _model()
+    model = tiny_lm()
     assert linears_between_blocks(model) == [model.head]  # not the blocks' linears, not the small one
     assert regional_modules(model) == list(model.layers)
     assert regional_modules(model, "linears") == [*model.layers, model.head]
@@ -56,7 +57,7 @@ def test_the_lm_head_is_found_by_what_it_is():
 
 
 def test_fp8_reaches_the_lm_head_only_when_it_is_compiled():
-    model = _model()
+    model = tiny_lm()
     x = torch.randn(2, 8, 64)
     with torch.no_grad():
         exact = reference_forward(model, x)

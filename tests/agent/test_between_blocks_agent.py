@@ -11,11 +11,11 @@ from kopt.agent.graphs import capture_graphs
 from kopt.agent.propose.pipeline import propose_pipelines
 from kopt.agent.regional_clock import RegionalClock
 from kopt.fp8 import Fp8Config
-from tests.test_regional_between_blocks import _model
+from tests.test_regional_between_blocks import tiny_lm
 
 
 def test_the_lm_head_gets_an_fp8_choice_of_its_own_that_leaves_the_blocks_alone():
-    model = _model()
+    model = tiny_lm()
     x = torch.randn(2, 8, 64)
     graphs = capture_graphs(model, (x,), regional=True, between_blocks="linears")
     assert [g.calls for g in graphs] == [2, 1]  # the block class (two blocks), then the head
@@ -45,7 +45,7 @@ def test_a_lone_gemm_under_the_bar_of_the_work_gets_no_choices():
     against one 1024 -> 1536 GEMM), kept at a 1 % bar, dropped at 10 %; a block graph is never dropped."""
     from kopt.agent.graphs import without_minor_gemms
 
-    model = _model()
+    model = tiny_lm()
     graphs = capture_graphs(model, (torch.randn(2, 8, 64),), regional=True, between_blocks="linears")
     assert [g.calls for g in without_minor_gemms(graphs, 0.01)] == [2, 1]
     assert [g.calls for g in without_minor_gemms(graphs, 0.10)] == [2]
@@ -57,7 +57,7 @@ def test_optimize_with_fp8_makes_the_lm_head_a_graph_by_default(tmp_path):
 
     from kopt.agent import optimize
 
-    model = _model()
+    model = tiny_lm()
     x = torch.randn(2, 8, 64)
     result = optimize(model, (x,), budget_min=1, kb_path=tmp_path / "kb.sqlite", regional=True, clock="cost-model",
                       fp8=Fp8Config(min_features=16), max_candidates=1, progress=False, workers=1)
@@ -81,7 +81,7 @@ def test_an_accepted_lm_head_choice_applies_with_between_blocks_linears(tmp_path
     from kopt.reference import reference_forward
     from tests.conftest import rel_err
 
-    model = _model()
+    model = tiny_lm()
     x = torch.randn(2, 8, 64)
     graphs = capture_graphs(model, (x,), regional=True, between_blocks="linears")
     head = graphs[1]
@@ -115,7 +115,7 @@ def test_when_no_linear_between_blocks_is_worth_it_the_sides_compile_none(tmp_pa
     from kopt.agent import optimize
     from kopt.agent.bench import BenchConfig
 
-    model = _model()
+    model = tiny_lm()
     x = torch.randn(2, 8, 64)
     result = optimize(model, (x,), budget_min=1, kb_path=tmp_path / "kb.sqlite", regional=True, lower="eager",
                       fp8=Fp8Config(min_features=16), bench_config=BenchConfig(min_gain=0.10), max_candidates=1,
