@@ -1,12 +1,16 @@
 """The model zoo: every built-in workload, tiny, on the CPU, in fp32 and bf16, through
 ``kopt.compile(passes="auto")`` lowered by Inductor, against a float64 copy of the same weights.
 
-kopt's relative error must stay within ``BOUND_FACTOR`` x the larger of eager's and plain
-``torch.compile``'s on the same model and inputs, plus a floor of two unit roundoffs of the dtype
-(``benchmarks/dit/zoo.py`` says why), and kopt must have run its rewritten graph: a fallback, a skipped
-pass or a model with no rewritten graph fails, unless ``KNOWN`` lists it with its reason (then the
-case is an explicit xfail that says why). Set ``KOPT_ZOO_RESULTS=DIR`` to also write the table
-(``zoo-cpu.{json,md}``) that ``python benchmarks/dit/zoo.py`` writes.
+kopt's relative error must stay within ``BOUND_FACTOR`` x eager's on the same model and inputs,
+plus a floor of two unit roundoffs of the dtype (``benchmarks/dit/zoo.py`` says why), and kopt must
+have run its rewritten graph: a fallback, a skipped pass or a model with no rewritten graph fails,
+unless ``KNOWN`` lists it with its reason (then the case is an explicit xfail that says why).
+Set ``KOPT_ZOO_RESULTS=DIR`` to also write the table (``zoo-cpu.{json,md}``) that
+``python benchmarks/dit/zoo.py`` writes.
+
+Plain ``torch.compile`` is measured too only with ``KOPT_ZOO_TORCH_COMPILE=1``: its Inductor build
+is the costliest part of a case on the CPU (634 of 990 s over the 34 cases), and it can only widen
+the bound (the larger of the two errors), so leaving it out makes the test stricter, not weaker.
 
 Inductor on the CPU spends most of a compile in one Python thread or one C++ compiler process, so
 the selected cases run in ``KOPT_ZOO_WORKERS`` processes (default: 2, or 1 on a 1-core machine)
@@ -30,6 +34,7 @@ from kopt.workloads import BUILTIN
 # (model, dtype) -> why kopt does not run a rewritten graph there; each is listed in the README
 KNOWN: dict[tuple[str, str], str] = {}
 WORKERS = int(os.environ.get("KOPT_ZOO_WORKERS", min(2, os.cpu_count() or 1)))
+TORCH_COMPILE = os.environ.get("KOPT_ZOO_TORCH_COMPILE", "0") == "1"
 TEST = "test_kopt_is_as_accurate_as_eager_and_torch_compile"
 
 
@@ -42,11 +47,12 @@ class Cases:
         self.futures: dict[tuple[str, str], Future[ZooResult]] = {}
         if workers > 1 and len(selected) > 1:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-            self.futures = {case: self.pool.submit(run_case, *case) for case in selected}
+            self.futures = {case: self.pool.submit(run_case, *case, torch_compile=TORCH_COMPILE)
+                            for case in selected}
 
     def result(self, name: str, dtype: str) -> ZooResult:
         future = self.futures.get((name, dtype))
-        result = future.result() if future is not None else run_case(name, dtype)
+        result = future.result() if future is not None else run_case(name, dtype, torch_compile=TORCH_COMPILE)
         self.results.append(result)
         return result
 
@@ -76,18 +82,19 @@ def zoo_cases(request):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", list(BUILTIN))
 def test_kopt_is_as_accurate_as_eager_and_torch_compile(name, dtype, zoo_cases, record_property):
-    """kopt's error against float64 is within 1.5x eager's / torch.compile's (+ floor), and the
-    rewritten graph ran."""
+    """kopt's error against float64 is within 1.5x eager's (and torch.compile's, where measured)
+    plus the floor, and the rewritten graph ran."""
     result = zoo_cases.result(name, dtype)
     record_property("passes_fired", result.passes_fired)
     record_property("rel_err", dict(eager=result.rel_err_eager, torch_compile=result.rel_err_torch_compile,
                                     kopt=result.rel_err_kopt))
+    compiled = "–" if result.rel_err_torch_compile is None else f"{result.rel_err_torch_compile:.2e}"
     print(f"{name} {dtype}: rel err eager {result.rel_err_eager:.2e}, torch.compile "
-          f"{result.rel_err_torch_compile:.2e}, kopt {result.rel_err_kopt:.2e} (bound {result.bound:.2e}); "
+          f"{compiled}, kopt {result.rel_err_kopt:.2e} (bound {result.bound:.2e}); "
           f"fired {result.passes_fired}")
     assert result.within_bound, (
         f"kopt rel err {result.rel_err_kopt:.3e} > bound {result.bound:.3e} (eager {result.rel_err_eager:.3e}, "
-        f"torch.compile {result.rel_err_torch_compile:.3e}); fired {result.passes_fired}")
+        f"torch.compile {compiled}); fired {result.passes_fired}")
     if result.problems and (name, dtype) in KNOWN:
         pytest.xfail(f"{KNOWN[name, dtype]} (report: {'; '.join(result.problems)})")
     assert not result.problems, "; ".join(result.problems)
