@@ -12,15 +12,26 @@ Builds the workload's model with the benchmark's seed, prepares the variant as
 ``benchmarks/dit/dit.py`` does, and times the first call against a normal call exactly like the
 cold row (:class:`benchmarks.dit.measure.Timing`). Prints one JSON line, last:
 ``{"model", "variant", "compile_s", "first_call_s", "median_ms"}``.
+
+``--profile N`` runs the compile and the timed calls under :mod:`cProfile` and writes the N
+functions with the most cumulative and the most own time to stderr: where a warm compile's seconds
+go (Inductor's cache loads, Triton's launchers, kopt's passes and checks). The profiler slows
+Python-bound work, so such a run's ``compile_s`` is not the warm compile time: measure that in a run
+without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
 import json
 import logging
+import pstats
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +67,31 @@ def two_copies_fit(weight_bytes: int, device_bytes: int) -> bool:
     return weight_bytes <= 0.4 * device_bytes
 
 
-def measure(model_name: str, variant_name: str, size: str, device: str, dtype: str) -> dict[str, Any]:
-    """Compile ``variant_name`` on ``model_name`` in this process; the first call's cost and a normal call's."""
+@contextlib.contextmanager
+def profiled(top: int) -> Iterator[None]:
+    """Profile the block with cProfile when ``top`` > 0; on exit write its ``top`` functions by
+    cumulative and by own time to stderr."""
+    if top <= 0:
+        yield
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text).strip_dirs()
+        for order in ("cumulative", "tottime"):
+            text.write(f"\n==== profile: the {top} functions with the most {order} time ====\n")
+            stats.sort_stats(order).print_stats(top)
+        sys.stderr.write(text.getvalue())
+
+
+def measure(model_name: str, variant_name: str, size: str, device: str, dtype: str,
+            profile_top: int = 0) -> dict[str, Any]:
+    """Compile ``variant_name`` on ``model_name`` in this process; the first call's cost and a normal
+    call's. ``profile_top`` > 0: under cProfile (:func:`profiled`)."""
     (variant,) = select(variant_name, size, whole_model=False)
     workload = get_workload(model_name)
     torch.manual_seed(0)
@@ -71,9 +105,10 @@ def measure(model_name: str, variant_name: str, size: str, device: str, dtype: s
         model(**inputs)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
-        prepared = variant.prepare(model, setup)
-        timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
-                              warmup=1, repeats=3)
+        with profiled(profile_top):
+            prepared = variant.prepare(model, setup)
+            timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
+                                  warmup=1, repeats=3)
     return dict(model=model_name, variant=variant_name, compile_s=timing.compile_s,
                 first_call_s=timing.first_call_s, median_ms=timing.median_ms)
 
@@ -109,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=["tiny", "full"], default="full")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile with cProfile and write the N costliest functions to stderr "
+                             "(slows the compile: its compile_s is not the warm time)")
     args = parser.parse_args(argv)
     # kopt's progress (each pass, lowering, tuning) on stderr, timed from the process's start: the
     # parent keeps it as log-warm-<model>-<variant>.txt
@@ -117,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     kopt_log = logging.getLogger("kopt")
     kopt_log.setLevel(logging.INFO)
     kopt_log.addHandler(handler)
-    print(json.dumps(measure(args.model, args.variant, args.size, args.device, args.dtype)), flush=True)
+    result = measure(args.model, args.variant, args.size, args.device, args.dtype, profile_top=args.profile)
+    if args.profile:
+        result["profiled"] = True  # compile_s includes the profiler's overhead
+    print(json.dumps(result), flush=True)
     return 0
 
 
