@@ -2,9 +2,9 @@
 
 For each graph, relative to ``passes="auto"`` (the base every choice records):
 
-* each opt-in pass added at its documented position: right before ``staging``
-  (:func:`kopt.passes.pipeline.opt_in_passes`: "Name them explicitly, before staging"); the FP8
-  passes are not proposed on their own (``fp8=...`` adds them with their producer fusions);
+* each opt-in pass added at its documented position: right before its ``runs_before`` pass
+  (:func:`kopt.passes.pipeline.with_pass`; ``staging`` for most); the FP8 passes are not proposed
+  on their own (``fp8=...`` adds them with their producer fusions);
 * each default pass left out (not ``staging``, which the compile's split and hoisting rely on);
 * each attention shape on each other backend the device offers (:mod:`kopt.agent.sdpa_backend`);
 * where an FP8 config is given, the FP8 pipeline at each scale granularity
@@ -57,11 +57,11 @@ def pass_choices(base: Sequence[str]) -> list[PipelineChoice]:
 
 
 def added_passes(base: Sequence[str]) -> list[PipelineChoice]:
-    """Each non-FP8 opt-in pass added before staging."""
-    from kopt.passes.pipeline import opt_in_passes
+    """Each non-FP8 opt-in pass added where it runs (:func:`kopt.passes.pipeline.with_pass`)."""
+    from kopt.passes.pipeline import opt_in_passes, with_pass
 
     base = tuple(base)
-    return [PipelineChoice(_before_staging(base, [p.name]), base, change=f"add {p.name}")
+    return [PipelineChoice(with_pass(base, p.name), base, change=f"add {p.name}")
             for p in opt_in_passes() if p.name not in FP8_PASSES and p.name not in base]
 
 

@@ -206,14 +206,14 @@ def _ablations() -> dict[str, dict[str, Any]]:
 
 
 def _opt_ins() -> dict[str, dict[str, Any]]:
-    """``kopt-regional-with-<pass>``: regional kopt with one opt-in pass added before ``staging`` (what
-    the agent's pipeline choice ``add <pass>`` measures, here against the replaying baselines)."""
-    from kopt.passes.pipeline import default_pipeline
+    """``kopt-regional-with-<pass>``: regional kopt with one opt-in pass added where it runs
+    (:func:`kopt.passes.pipeline.with_pass`: what the agent's pipeline choice ``add <pass>``
+    measures, here against the replaying baselines)."""
+    from kopt.passes.pipeline import default_pipeline, with_pass
 
-    names = [p.name for p in default_pipeline()]
-    at = names.index("staging")
-    return {f"kopt-regional-with-{extra}": dict(passes=[*names[:at], extra, *names[at:]], regional=True)
-            for extra in ("fuse-linear-gelu", "codegen-fuse")}
+    names = tuple(p.name for p in default_pipeline())
+    return {f"kopt-regional-with-{extra}": dict(passes=list(with_pass(names, extra)), regional=True)
+            for extra in ("codegen-fuse", "split-concat-linear")}
 
 
 KOPT_OPTIONS.update(_ablations())

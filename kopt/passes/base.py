@@ -12,7 +12,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -140,11 +140,16 @@ def accepted_matches(graph: torch.fx.Graph, target: object, match: Callable[[tor
 
 
 class Pass(abc.ABC):
-    """A graph rewrite. Subclasses set ``name``, ``why`` and ``contract`` and implement ``apply``."""
+    """A graph rewrite. Subclasses set ``name``, ``why`` and ``contract`` and implement ``apply``.
+
+    ``runs_before``: where the pass goes when it is added to a pipeline that lacks it (the agent's
+    choice "add <pass>", :func:`kopt.passes.pipeline.with_pass`): right before the pass of that
+    name. ``staging`` by default, which marks the values it hoists by node name and so runs last."""
 
     name: str
     why: str
     contract: Contract
+    runs_before: ClassVar[str] = "staging"
 
     @abc.abstractmethod
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:

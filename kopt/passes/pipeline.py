@@ -25,6 +25,7 @@ from kopt.passes.fuse.qk_norm_rope import FuseQKNormRope
 from kopt.passes.fuse.qk_norm_rope_pair import FuseQKNormRopePair
 from kopt.passes.fuse.qk_norm_rope_real import FuseQKNormRopeReal
 from kopt.passes.graph.bias_absorption import BiasAbsorption
+from kopt.passes.graph.concat_split import SplitConcatLinear
 from kopt.passes.graph.redundancy import RedundancyElimination
 from kopt.passes.graph.residual_fp32 import ResidualStreamFp32
 from kopt.passes.graph.sibling_merge import SiblingProjectionMerge
@@ -87,11 +88,22 @@ def _when(condition: bool, rewrite: Pass) -> list[Pass]:
 
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
-    (codegen-fuse: the agent's end-to-end A/B decides it per model), or added by an option
-    (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly, before ``staging``
-    (which marks the values it hoists by node name)."""
-    return [CodegenFuse(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
+    (codegen-fuse, split-concat-linear: the agent's end-to-end A/B decides them per model), or added
+    by an option (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly where
+    each one's ``runs_before`` says (:func:`with_pass`; ``staging`` for most: it marks the values it
+    hoists by node name)."""
+    return [CodegenFuse(), SplitConcatLinear(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
             FuseAttentionOutputQuant(), Fp8Gemv()]
+
+
+def with_pass(names: Sequence[str], added: str) -> tuple[str, ...]:
+    """``names`` with the built-in pass ``added`` inserted right before its ``runs_before`` pass
+    (at the end when that one is not listed)."""
+    if added in names:
+        raise ValueError(f"{added!r} is in the pipeline already")
+    before = available_passes()[added].runs_before
+    at = list(names).index(before) if before in names else len(names)
+    return (*names[:at], added, *names[at:])
 
 
 def fp8_into(passes: list[Pass], config: Fp8Config) -> list[Pass]:

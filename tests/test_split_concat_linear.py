@@ -1,0 +1,134 @@
+"""Split a linear over a concatenation (``split-concat-linear``): one GEMM per part, adding into the
+last, a tanh-GELU part in its GEMM's epilogue; the concatenation is gone and the result matches a
+float64 reference on fresh inputs. Concatenations along another dimension, or read elsewhere, are
+left alone with their reason; in a pipeline the pass runs before sibling-merge, which still merges
+Q/K/V (FLUX.1's single-stream block)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kopt
+from kopt.fx.capture import trace_function
+from kopt.passes.graph.concat_split import SplitConcatLinear
+from kopt.passes.manager import run_passes
+from kopt.passes.pipeline import available_passes, default_pipeline, with_pass
+from tests.conftest import rel_err, tiny_model_and_inputs
+
+aten = torch.ops.aten
+FUSED = torch.ops.kopt.linear_gelu_tanh.default
+F = torch.nn.functional
+
+
+def _single_block(x, attn, w_mlp, b_mlp, w_out, b_out):
+    """FLUX.1's single-stream tail: proj_out(cat([attention, gelu_tanh(proj_mlp(x))]))."""
+    mlp = F.gelu(F.linear(x, w_mlp, b_mlp), approximate="tanh")
+    return F.linear(torch.cat([attn, mlp], dim=2), w_out, b_out)
+
+
+def _three_parts_no_bias(a, b, c, w):
+    return torch.cat([a, b.sigmoid(), c], dim=-1) @ w.t()
+
+
+def _args(dtype=torch.float32, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(2, 37, 48), (2, 37, 24), (96, 48), (96,), (40, 24 + 96), (40,)]  # 74 rows, widths 24 + 96
+    return [(torch.randn(s, generator=g) * (0.2 if len(s) == 2 else 1)).to(dtype) for s in shapes]
+
+
+def _ops(graph_module):
+    return [n.target for n in graph_module.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_single_block_tail_splits_with_the_gelu_in_the_epilogue_and_matches_float64(dtype):
+    graph_module = trace_function(_single_block, *_args(dtype))
+    record = run_passes(graph_module, [SplitConcatLinear()], strict=True)[0]
+    assert record.matches == {"split-concat-linear": 1}
+    ops = _ops(graph_module)
+    assert aten.cat.default not in ops and aten.gelu.default not in ops and ops.count(FUSED) == 1
+    assert ops.count(aten.addmm.default) + ops.count(aten.mm.default) == 2  # one GEMM per part
+    fresh = _args(dtype, seed=11)  # new values, same shapes
+    exact = _single_block(*[a.double() for a in fresh])
+    got = graph_module(*fresh)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    bound = 1e-6 if dtype is torch.float32 else 1e-2  # a lost part or bias is O(1)
+    assert 0 < rel_err(got, exact) < bound
+    assert rel_err(_single_block(*fresh), exact) < bound  # eager's own error is of the same size
+
+
+def test_three_parts_without_bias_and_a_part_that_is_not_a_gelu():
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(3, 19, k, generator=g) for k in (8, 16, 5)] + [torch.randn(12, 29, generator=g)]
+    graph_module = trace_function(_three_parts_no_bias, *args)
+    record = run_passes(graph_module, [SplitConcatLinear()], strict=True)[0]
+    ops = _ops(graph_module)
+    assert record.matches == {"split-concat-linear": 1} and aten.cat.default not in ops and FUSED not in ops
+    assert ops.count(aten.mm.default) == 1 and ops.count(aten.addmm.default) == 2
+    fresh = [torch.randn_like(a) for a in args]
+    got = graph_module(*fresh)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert rel_err(got, _three_parts_no_bias(*[a.double() for a in fresh])) < 1e-6
+
+
+def test_a_concatenation_along_rows_or_read_elsewhere_is_left_alone_with_its_reason():
+    def rows(a, b, w):
+        return F.linear(torch.cat([a, b], dim=0), w)
+
+    def read_twice(a, b, w):
+        joined = torch.cat([a, b], dim=-1)
+        return F.linear(joined, w) , joined.sum()
+
+    g = torch.Generator().manual_seed(5)
+    along_rows = trace_function(rows, torch.randn(7, 16, generator=g), torch.randn(9, 16, generator=g),
+                                torch.randn(8, 16, generator=g))
+    record = run_passes(along_rows, [SplitConcatLinear()], strict=True)[0]
+    assert record.matches == {} and aten.cat.default in _ops(along_rows)
+    assert any("last dimension" in str(miss) for miss in record.near_misses)
+    twice = trace_function(read_twice, torch.randn(7, 6, generator=g), torch.randn(7, 10, generator=g),
+                           torch.randn(8, 16, generator=g))
+    record = run_passes(twice, [SplitConcatLinear()], strict=True)[0]
+    assert record.matches == {} and any("read elsewhere" in str(miss) for miss in record.near_misses)
+
+
+def test_added_to_auto_it_runs_before_sibling_merge():
+    auto = tuple(p.name for p in default_pipeline())
+    assert "split-concat-linear" not in auto
+    assert available_passes()["split-concat-linear"].runs_before == "sibling-merge"
+    passes = with_pass(auto, "split-concat-linear")
+    assert passes.index("split-concat-linear") == passes.index("sibling-merge") - 1
+    assert with_pass(auto, "codegen-fuse")[-2:] == ("codegen-fuse", "staging")
+    with pytest.raises(ValueError, match="already"):
+        with_pass(passes, "split-concat-linear")
+
+
+def test_on_tiny_flux1_every_single_block_splits_and_q_k_v_still_merge():
+    _, model, inputs = tiny_model_and_inputs("flux1", seed=2, dtype=torch.float32)
+    passes = list(with_pass(tuple(p.name for p in default_pipeline()), "split-concat-linear"))
+    compiled = kopt.compile(model, passes=passes, lower="eager", verify=True, progress=False)
+    with torch.no_grad():
+        got, want = compiled(**inputs)[0], model(**inputs)[0]
+    assert 0 < rel_err(got, want) < 1e-5  # float32: only the order of the sums changed
+    report = compiled.kopt_report
+    # each single block's proj_out, and at tiny width (32) the timestep and guidance embeddings'
+    # linear over cat([sin, cos]) (256 wide); at full width (3072) the byte rule leaves those alone
+    assert report.matches("split-concat-linear") == len(model.single_transformer_blocks) + 2
+    fused = sum(1 for g in compiled._kopt_backend.compiled for n in g.captured.graph_module.graph.nodes
+                if n.target is FUSED)
+    assert fused == len(model.single_transformer_blocks) + len(model.transformer_blocks) * 2  # + the FFs
+    merged = report.pass_records("sibling-merge")[0].matches["merge-siblings"]
+    assert merged >= len(model.single_transformer_blocks)  # each single block's Q/K/V (proj_mlp no longer)
+
+
+def test_a_narrow_concatenation_before_a_wide_linear_is_left_alone():
+    """cat([sin, cos]) (256 wide) before a 3072-wide linear: splitting would read back more than it saves."""
+    def timestep_embedding(angles, w, b):
+        return F.linear(torch.cat([angles.sin(), angles.cos()], dim=-1), w, b)
+
+    g = torch.Generator().manual_seed(1)
+    graph_module = trace_function(timestep_embedding, torch.randn(2, 128, generator=g),
+                                  torch.randn(3072, 256, generator=g), torch.randn(3072, generator=g))
+    record = run_passes(graph_module, [SplitConcatLinear()], strict=True)[0]
+    assert record.matches == {} and aten.cat.default in _ops(graph_module)
+    assert any("not wider than the partial sums" in str(miss) for miss in record.near_misses)
