@@ -132,3 +132,25 @@ def test_a_narrow_concatenation_before_a_wide_linear_is_left_alone():
     record = run_passes(graph_module, [SplitConcatLinear()], strict=True)[0]
     assert record.matches == {} and aten.cat.default in _ops(graph_module)
     assert any("not wider than the partial sums" in str(miss) for miss in record.near_misses)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_at_flux1_widths_the_split_matches_float64():
+    """cuBLAS on the weight's column slices (strided views) and on a partial sum as addmm's input,
+    the GELU part in cuBLASLt's epilogue: FLUX.1's single-block widths, 1,000 tokens, bf16."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()
+
+    args = [randn(1, 1000, 3072), randn(1, 1000, 3072), randn(12288, 3072, scale=0.02), randn(12288, scale=0.1),
+            randn(3072, 15360, scale=0.01), randn(3072, scale=0.1)]
+    graph_module = trace_function(_single_block, *args)
+    assert run_passes(graph_module, [SplitConcatLinear()], strict=True)[0].matches == {"split-concat-linear": 1}
+    with torch.no_grad():
+        got = graph_module(*args)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    exact = _single_block(*[a.double() for a in args])
+    assert 0 < rel_err(got, exact) < 1e-2
+    assert rel_err(got, exact) < 1.5 * rel_err(_single_block(*args), exact) + 2 ** -8  # as close as eager bf16
