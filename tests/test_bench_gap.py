@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from benchmarks.dit.gap import compare, pairs, report
+import json
+
+from benchmarks.dit.gap import compare, main, pairs, report
 
 
 def _breakdown(variant: str, gemm: float, attention: float, rest: float, gap: float,
@@ -55,3 +57,26 @@ def test_a_row_without_a_profile_is_named_not_compared():
     results["breakdown"] = results["breakdown"][:1]
     assert compare(results, "m", "kopt-regional", "torch.compile+graphs") is None
     assert "has no profiled forward" in report(results)
+
+
+def test_gemm_rates_and_what_is_left_to_cut_for_the_goal(tmp_path):
+    """Rates from the counted GEMM FLOPs (eager's too, where profiled); the goal's remaining cut
+    against kopt's time outside GEMM and attention, with the largest kernels there."""
+    results = _results()
+    results["per_model"] = {"m": {"flops": {"gemm": 26e12}}}  # 26 TFLOP per forward
+    results["breakdown"].append(_breakdown("eager", 40.0, 30.0, 20.0, 1.0, []))
+    c = compare(results, "m", "kopt-regional", "torch.compile+graphs")
+    rates = c["gemm_tflops"]
+    assert {k: round(v, 6) for k, v in rates.items()} == {"baseline": 520.0, "kopt": 500.0, "eager": 650.0}
+    assert c["goal_pct"] == 5.0 and abs(c["to_cut_ms"] - 0.0) < 1e-9  # 95 = 0.95 x 100: just met
+    assert abs(c["outside_library_ms"] - 13.5) < 1e-9 and c["largest_outside"] == [("fused", 13.0)]
+    results["rows"][2]["median_ms"] = 97.0
+    c = compare(results, "m", "kopt-regional", "torch.compile+graphs")
+    assert abs(c["to_cut_ms"] - 2.0) < 1e-9
+    text = report(results)
+    assert "TFLOP/s: baseline 520, kopt 500, eager 650" in text and "must cut 2.00 ms more" in text
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(results))
+    main([str(path), str(path), "--out", str(tmp_path / "gaps")])
+    written = (tmp_path / "gaps.md").read_text()
+    assert written.count("# r.json") == 2 and "must cut 2.00 ms more" in written
