@@ -154,3 +154,19 @@ def test_on_cuda_at_flux1_widths_the_split_matches_float64():
     exact = _single_block(*[a.double() for a in args])
     assert 0 < rel_err(got, exact) < 1e-2
     assert rel_err(got, exact) < 1.5 * rel_err(_single_block(*args), exact) + 2 ** -8  # as close as eager bf16
+
+
+def test_a_gelu_part_read_elsewhere_keeps_its_gemm_unfused():
+    """The GELU also feeds another op: fusing it into a new GEMM would compute the linear twice."""
+    def also_read(x, attn, w_mlp, b_mlp, w_out, b_out):
+        mlp = F.gelu(F.linear(x, w_mlp, b_mlp), approximate="tanh")
+        return F.linear(torch.cat([attn, mlp], dim=2), w_out, b_out), mlp.sum()
+
+    graph_module = trace_function(also_read, *_args())
+    record = run_passes(graph_module, [SplitConcatLinear()], strict=True)[0]
+    ops = _ops(graph_module)
+    assert record.matches == {"split-concat-linear": 1} and aten.cat.default not in ops
+    assert FUSED not in ops and ops.count(aten.gelu.default) == 1
+    fresh = _args(seed=4)
+    got = graph_module(*fresh)
+    assert rel_err(got[0], also_read(*[a.double() for a in fresh])[0]) < 1e-6

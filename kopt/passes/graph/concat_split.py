@@ -107,9 +107,10 @@ def match(gemm: torch.fx.Node) -> ConcatLinear | str | None:
 
 
 def _epilogue_part(graph: torch.fx.Graph, part: torch.fx.Node, ctx: PassContext, pass_name: str) -> torch.fx.Node:
-    """``part`` itself, or, when it is the tanh GELU of a linear read by nothing else, that linear
-    with the GELU in its epilogue (:mod:`kopt.passes.fuse.linear_gelu`'s conditions)."""
-    if part.target is not aten.gelu.default:
+    """``part`` itself, or, when it is the tanh GELU of a linear read by nothing else (and the GELU by
+    nothing but the concatenation), that linear with the GELU in its epilogue
+    (:mod:`kopt.passes.fuse.linear_gelu`'s conditions)."""
+    if part.target is not aten.gelu.default or len(part.users) != 1:  # read elsewhere: the GEMM would run twice
         return part
     found = linear_gelu.match(part)
     if found is None:
