@@ -34,6 +34,7 @@ if __package__ in (None, ""):
 
     sys.path.append(str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.dit.results_io import cell  # noqa: E402
 from benchmarks.dit.summary import BASELINES, baseline_ms, peak_gb  # noqa: E402
 
 KOPT_ROWS = {"bf16": ("kopt-regional", "kopt"), "fp8": ("kopt-regional-fp8-attn", "kopt-fp8-attn", "kopt-fp8")}
@@ -134,32 +135,28 @@ def _mark(met: bool | None) -> str:
     return "–" if met is None else "met" if met else "**not met**"
 
 
-def _num(value: float | None, fmt: str) -> str:
-    return "–" if value is None else format(value, fmt)
-
-
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["| model | precision | kopt row | kopt ms | best baseline (ms) | faster by (goal) | compile s cold / warm "
              "(baseline cold) | peak GB (vs eager) | accuracy vs fp32 | files |",
              "|---|---|---|---:|---|---:|---|---|---|---|"]
     for r in rows:
         goal = SPEED_GOAL_PCT[r["precision"]]
-        speed = f"{_num(r['gain_pct'], '+.1f')} % (≥ {goal:g} %: {_mark(r['speed_goal_met'])})"
+        speed = f"{cell(r['gain_pct'], '+.1f')} % (≥ {goal:g} %: {_mark(r['speed_goal_met'])})"
         warm_from = f", {r['warm_file']}" if r.get("warm_file") else ""
-        compile_text = (f"{_num(r['compile_s'], '.1f')} ({_mark(r['cold_goal_met'])} ≤ 1.5×) / "
-                        f"{_num(r['warm_compile_s'], '.1f')} ({_mark(r['warm_goal_met'])} ≤ 10 s{warm_from}) "
-                        f"({_num(r['baseline_compile_s'], '.1f')})")
-        peak = f"{_num(r['peak_gb'], '.1f')} ({_num(r['peak_vs_eager'], '.2f')}×: {_mark(r['peak_goal_met'])})"
+        compile_text = (f"{cell(r['compile_s'], '.1f')} ({_mark(r['cold_goal_met'])} ≤ 1.5×) / "
+                        f"{cell(r['warm_compile_s'], '.1f')} ({_mark(r['warm_goal_met'])} ≤ 10 s{warm_from}) "
+                        f"({cell(r['baseline_compile_s'], '.1f')})")
+        peak = f"{cell(r['peak_gb'], '.1f')} ({cell(r['peak_vs_eager'], '.2f')}×: {_mark(r['peak_goal_met'])})"
         if r.get("first_call_peak_gb") is not None:  # while compiling: not the goal, but what must fit once
-            peak += f"; first calls {_num(r['first_call_peak_gb'], '.1f')}"
+            peak += f"; first calls {cell(r['first_call_peak_gb'], '.1f')}"
         if r["precision"] == "bf16":
-            accuracy = (f"rel {_num(r['rel_err'], '.4f')} vs eager's {_num(r['eager_rel_err'], '.4f')}: "
+            accuracy = (f"rel {cell(r['rel_err'], '.4f')} vs eager's {cell(r['eager_rel_err'], '.4f')}: "
                         f"{_mark(r['accuracy_goal_met'])}")
         else:
-            accuracy = f"cos {_num(r['cosine'], '.6f')}: {_mark(r['accuracy_goal_met'])}"
+            accuracy = f"cos {cell(r['cosine'], '.6f')}: {_mark(r['accuracy_goal_met'])}"
         files = r["file"] if r["same_process"] else f"{r['file']}; baseline {r['baseline_file'] or '–'} (another run)"
         how = (r["baseline_how"] or "none").split(":")[0]  # "timed", or "replay bound" (the JSON has why)
-        base = f"{r['baseline'] or '–'} ({_num(r['baseline_ms'], '.2f')}; {how})"
+        base = f"{r['baseline'] or '–'} ({cell(r['baseline_ms'], '.2f')}; {how})"
         lines.append(f"| {r['model']} | {r['precision']} | {r['variant']} | {r['kopt_ms']:.2f} | {base} | {speed} "
                      f"| {compile_text} | {peak} | {accuracy} | {files} |")
     return "\n".join(lines)

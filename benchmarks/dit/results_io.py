@@ -100,6 +100,11 @@ def with_speedups(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def cell(value: float | None, spec: str) -> str:
+    """A table cell: "–" where nothing was measured, else ``value`` in the format ``spec``."""
+    return "–" if value is None else format(value, spec)
+
+
 def _fmt(value: Any, digits: int = 2, scientific: bool = False) -> str:
     """A table cell: "–" for missing, fixed decimals, scientific for small errors when asked."""
     if value is None:

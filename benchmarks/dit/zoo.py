@@ -158,14 +158,12 @@ def run_case(workload: Workload | str, dtype: str, *, seed: int = 1, torch_compi
                      compile_s_torch_compile=compile_s, compile_s_kopt=kopt_s, **_kopt_summary(fast.kopt_report))
 
 
-def _maybe(value: float | None, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
 # ---------------------------------------------------------------- the results table
 
 
 def markdown(results: Sequence[ZooResult]) -> str:
+    from benchmarks.dit.results_io import cell
+
     lines = ["| model | dtype | eager | torch.compile | kopt | bound | ok | graphs rewritten | passes fired (matches) "
              "| compile s (torch.compile / kopt) | problems |",
              "|---|---|---:|---:|---:|---:|---|---:|---|---:|---|"]
@@ -173,9 +171,9 @@ def markdown(results: Sequence[ZooResult]) -> str:
         fired = ", ".join(f"{name} {count}" for name, count in r.passes_fired.items()) or "none"
         ok = "yes" if r.within_bound and not r.problems else "NO"
         breaks = f" ({len(r.graph_breaks)} break kind)" if r.graph_breaks else ""
-        lines.append(f"| {r.model} | {r.dtype} | {r.rel_err_eager:.2e} | {_maybe(r.rel_err_torch_compile, '.2e')} | "
+        lines.append(f"| {r.model} | {r.dtype} | {r.rel_err_eager:.2e} | {cell(r.rel_err_torch_compile, '.2e')} | "
                      f"{r.rel_err_kopt:.2e} | {r.bound:.2e} | {ok} | {r.graphs_rewritten}/{r.graphs}{breaks} | "
-                     f"{fired} | {_maybe(r.compile_s_torch_compile, '.1f')} / {r.compile_s_kopt:.1f} | "
+                     f"{fired} | {cell(r.compile_s_torch_compile, '.1f')} / {r.compile_s_kopt:.1f} | "
                      f"{'; '.join(r.problems)} |")
     return "\n".join(lines)
 
