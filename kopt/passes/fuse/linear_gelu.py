@@ -84,6 +84,14 @@ def match(gelu: torch.fx.Node) -> tuple[list[int], object, object, object] | str
     return [-1 if size is None else size for size in shape], x, weight_t, bias
 
 
+def emit(graph: torch.fx.Graph, found: tuple[list[int], object, object, object]) -> torch.fx.Node:
+    """The fused op for a :func:`match` (at the graph's insertion point), viewed back to the GELU
+    input's shape when that is not 2-D."""
+    shape, x, weight_t, bias = found
+    fused = graph.call_function(torch.ops.kopt.linear_gelu_tanh.default, (x, weight_t, bias))
+    return graph.call_function(aten.view.default, (fused, shape)) if len(shape) != 2 else fused
+
+
 class FuseLinearGelu(Pass):
     name = "fuse-linear-gelu"
     why = "a linear's bias and tanh GELU run in the GEMM's epilogue, not as a pass over its output"
@@ -91,10 +99,9 @@ class FuseLinearGelu(Pass):
 
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         graph = graph_module.graph
-        for gelu, (shape, x, weight_t, bias) in accepted_matches(graph, aten.gelu.default, match, ctx, RULE):
+        for gelu, found in accepted_matches(graph, aten.gelu.default, match, ctx, RULE):
             with graph.inserting_before(gelu):
-                fused = graph.call_function(torch.ops.kopt.linear_gelu_tanh.default, (x, weight_t, bias))
-                out = graph.call_function(aten.view.default, (fused, shape)) if len(shape) != 2 else fused
+                out = emit(graph, found)
             replace(gelu, out, pass_name=self.name, rule=RULE)
             graph.erase_node(gelu)
         graph.eliminate_dead_code()

@@ -118,14 +118,9 @@ def _epilogue_part(graph: torch.fx.Graph, part: torch.fx.Node, ctx: PassContext,
     if isinstance(found, str):
         ctx.decline(RULE, part, f"GELU part left to Inductor: {found}")
         return part
-    shape, x, weight_t, bias = found
-    fused = graph.call_function(torch.ops.kopt.linear_gelu_tanh.default, (x, weight_t, bias))
+    fused = linear_gelu.emit(graph, found)
     stamp(fused, pass_name=pass_name, rule=RULE)
-    if len(shape) == 2:
-        return fused
-    view = graph.call_function(aten.view.default, (fused, shape))
-    stamp(view, pass_name=pass_name, rule=RULE)
-    return view
+    return fused
 
 
 class SplitConcatLinear(Pass):
