@@ -178,6 +178,13 @@ def markdown(results: Sequence[ZooResult]) -> str:
     return "\n".join(lines)
 
 
+def _compile_totals(results: Sequence[ZooResult]) -> str:
+    """The compile seconds of each column, summed (torch.compile's over the cases that measured it)."""
+    measured = [r.compile_s_torch_compile for r in results if r.compile_s_torch_compile is not None]
+    baseline = f"torch.compile {sum(measured):.0f} s over {len(measured)} cases" if measured else "no torch.compile"
+    return f"in all: {baseline}, kopt {sum(r.compile_s_kopt for r in results):.0f} s over {len(results)} cases"
+
+
 def write(results: Sequence[ZooResult], out: Path, tag: str | None, seconds: float,
           meta: dict[str, Any] | None = None) -> Path:
     """``<out>/zoo-cpu[-<tag>].{json,md}``; ``meta`` defaults to this run's (commit, versions, command)."""
@@ -197,8 +204,8 @@ def write(results: Sequence[ZooResult], out: Path, tag: str | None, seconds: flo
               f"inputs (seeded). kopt passes when its error <= {BOUND_FACTOR} x max(eager, torch.compile) + floor "
               f"(torch.compile: where measured; '–' where not) "
               f"(fp32 {FLOOR['fp32']:.1e}, bf16 {FLOOR['bf16']:.1e}) and it ran its rewritten graph (no fallback, "
-              f"no skipped pass). Compile seconds are wall time on a shared 2-core machine. "
-              f"Total {seconds:.0f} s.\n\n")
+              f"no skipped pass). Compile seconds are wall time on a shared 2-core machine "
+              f"({_compile_totals(results)}). Total {seconds:.0f} s.\n\n")
     stem.with_suffix(".md").write_text(header + markdown(results) + "\n")
     return stem
 
