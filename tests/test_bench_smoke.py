@@ -453,3 +453,21 @@ def test_host_profile_prints_the_call_path_by_cumulative_time(tmp_path, monkeypa
     report = (tmp_path / "host-profile-flux1-kopt-eager.txt").read_text()
     assert "2 synchronised calls" in report and "compiled_graph.py" in report
     assert "ms per call" in capsys.readouterr().out
+
+
+def test_a_profiled_warm_compile_names_where_its_time_went(capsys):
+    """``warm_compile.py --profile N``: the block's costliest functions by cumulative and own time on
+    stderr; N = 0 profiles nothing."""
+    from benchmarks.dit.warm_compile import profiled
+
+    def _spends_time_in_a_named_helper():
+        return sum(i * i for i in range(200_000))
+
+    with profiled(40):
+        _spends_time_in_a_named_helper()
+    err = capsys.readouterr().err
+    assert "most cumulative time" in err and "most own time" in err
+    assert "_spends_time_in_a_named_helper" in err
+    with profiled(0):
+        _spends_time_in_a_named_helper()
+    assert capsys.readouterr().err == ""

@@ -82,8 +82,8 @@ def profiled(top: int) -> Iterator[None]:
         profile.disable()
         text = io.StringIO()
         stats = pstats.Stats(profile, stream=text).strip_dirs()
-        for order in ("cumulative", "tottime"):
-            text.write(f"\n==== profile: the {top} functions with the most {order} time ====\n")
+        for order, words in (("cumulative", "cumulative"), ("tottime", "own")):
+            text.write(f"\n==== profile: the {top} functions with the most {words} time ====\n")
             stats.sort_stats(order).print_stats(top)
         sys.stderr.write(text.getvalue())
 
