@@ -221,3 +221,13 @@ def test_fp8_passes_carry_the_config():
     configured = {p.name: p for p in resolve([], config)}
     assert configured["fp8-linear"].config is config and configured["fp8-attention"].config is config
     assert {p.name for p in fp8_pipeline(config)} <= set(kopt.available_passes())
+
+
+def test_the_passes_added_by_name_are_the_opt_ins_but_the_fp8_ones():
+    """One list for the agent's "add <pass>" choices and dit.py's rows: FP8 passes come with ``fp8=...``."""
+    from kopt.agent.propose.pipeline import added_passes, base_pipeline
+    from kopt.passes.pipeline import added_by_name, opt_in_passes
+
+    assert added_by_name() == ["codegen-fuse", "split-concat-linear"]
+    assert set(added_by_name()) < {p.name for p in opt_in_passes()}
+    assert [c.change for c in added_passes(base_pipeline())] == [f"add {n}" for n in added_by_name()]

@@ -191,3 +191,4 @@ def test_the_single_stream_blocks_of_four_zoo_models_split_and_stay_as_accurate_
         got = first_tensor(compiled(**inputs))
     assert compiled.kopt_report.matches("split-concat-linear") >= 1
     assert rel_err(got, exact) <= BOUND_FACTOR * rel_err(eager, exact) + FLOOR["fp32"]
+

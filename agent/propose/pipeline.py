@@ -36,8 +36,6 @@ LOWERING_TUNING = (  # (Inductor config patches, the change in words)
     ({"max_autotune_gemm": True}, "tune GEMMs (Inductor max_autotune_gemm)"),
     ({"coordinate_descent_tuning": True}, "tune generated kernels (Inductor coordinate_descent_tuning)"),
 )
-FP8_PASSES = ("fp8-linear", "fuse-activation-quant", "fuse-adaln-quant", "fp8-attention",
-              "fuse-attention-output-quant", "fp8-gemv")
 
 
 def base_pipeline() -> tuple[str, ...]:
@@ -58,11 +56,11 @@ def pass_choices(base: Sequence[str]) -> list[PipelineChoice]:
 
 def added_passes(base: Sequence[str]) -> list[PipelineChoice]:
     """Each non-FP8 opt-in pass added where it runs (:func:`kopt.passes.pipeline.with_pass`)."""
-    from kopt.passes.pipeline import opt_in_passes, with_pass
+    from kopt.passes.pipeline import added_by_name, with_pass
 
     base = tuple(base)
-    return [PipelineChoice(with_pass(base, p.name), base, change=f"add {p.name}")
-            for p in opt_in_passes() if p.name not in FP8_PASSES and p.name not in base]
+    return [PipelineChoice(with_pass(base, name), base, change=f"add {name}")
+            for name in added_by_name() if name not in base]
 
 
 def left_out_passes(base: Sequence[str]) -> list[PipelineChoice]:

@@ -209,11 +209,11 @@ def _opt_ins() -> dict[str, dict[str, Any]]:
     """``kopt-regional-with-<pass>``: regional kopt with one opt-in pass added where it runs
     (:func:`kopt.passes.pipeline.with_pass`: what the agent's pipeline choice ``add <pass>``
     measures, here against the replaying baselines)."""
-    from kopt.passes.pipeline import default_pipeline, with_pass
+    from kopt.passes.pipeline import added_by_name, default_pipeline, with_pass
 
     names = tuple(p.name for p in default_pipeline())
     return {f"kopt-regional-with-{extra}": dict(passes=list(with_pass(names, extra)), regional=True)
-            for extra in ("codegen-fuse", "split-concat-linear")}
+            for extra in added_by_name()}
 
 
 KOPT_OPTIONS.update(_ablations())

@@ -96,6 +96,14 @@ def opt_in_passes() -> list[Pass]:
             FuseAttentionOutputQuant(), Fp8Gemv()]
 
 
+def added_by_name() -> list[str]:
+    """The opt-in passes one adds to a pipeline by name (the agent's "add <pass>" choices, dit.py's
+    ``kopt-regional-with-<pass>`` rows): not the FP8 ones, which ``fp8=...`` adds with the producer
+    fusions they need (:func:`fp8_into`)."""
+    fp8 = {p.name for p in fp8_pipeline(Fp8Config(granularity=Granularity.ROW, attention=True))}  # all of them
+    return [p.name for p in opt_in_passes() if p.name not in fp8]
+
+
 def with_pass(names: Sequence[str], added: str) -> tuple[str, ...]:
     """``names`` with the built-in pass ``added`` inserted right before its ``runs_before`` pass
     (at the end when that one is not listed)."""
