@@ -3,9 +3,10 @@
 Every trial gets fresh random values. The region's own shapes run once per value profile (every
 input the same profile), because those are the shapes the candidate will serve. When the region
 can be resized (:func:`kopt.agent.interpret.resize_problem`) and the candidate does not declare
-itself shape-specialized, hypothesis draws more trials: sizes from an awkward list (primes, 781,
-1823, 1) or anywhere up to 2048, scaled down to a CPU-feasible element budget, with a value profile
-per input. Hypothesis only generates here (no shrinking, no example database): it is the source of
+itself shape-specialized, each size that can change gets one trial past its own value (:func:`grown`:
+a candidate that hard-codes the example's width would pass every trial at or below it), and
+hypothesis draws more: sizes from an awkward list (primes, 781, 1823, 1) or anywhere up to 2048,
+scaled down to a CPU-feasible element budget, with a value profile per input. Hypothesis only generates here (no shrinking, no example database): it is the source of
 varied, boundary-seeking plans; the verdict comes from the checks.
 """
 
@@ -94,8 +95,10 @@ def free_symbols(region: Region) -> tuple[tuple[int, ...], str]:
     return tuple(free), note
 
 
-def fit(region: Region, resize: dict[int, int], max_elements: int) -> tuple[tuple[int, int], ...]:
-    """``resize`` with the largest sizes halved until every input has at most ``max_elements``."""
+def fit(region: Region, resize: dict[int, int], max_elements: int,
+        keep: tuple[int, ...] = ()) -> tuple[tuple[int, int], ...]:
+    """``resize`` with the largest sizes halved until every input has at most ``max_elements``; sizes of
+    the symbols in ``keep`` only once no other symbol of a too-large input can shrink."""
     symbols = symbols_of(region)
     resize = dict(resize)
     while True:
@@ -103,8 +106,22 @@ def fit(region: Region, resize: dict[int, int], max_elements: int) -> tuple[tupl
         if not too_big:
             return tuple(sorted(resize.items()))
         involved = {symbols.values.index(d) for s in too_big for d in s.shape if d > 1}
-        largest = max(involved, key=lambda i: resize.get(i, symbols.values[i]))
+        others = {i for i in involved if i not in keep and resize.get(i, symbols.values[i]) > 1}
+        largest = max(others or involved, key=lambda i: resize.get(i, symbols.values[i]))
         resize[largest] = max(1, resize.get(largest, symbols.values[largest]) // 2)
+
+
+def grown(region: Region, free: tuple[int, ...], max_elements: int) -> list[tuple[tuple[int, int], ...]]:
+    """One resize per free size symbol with that size past the region's own (2·own + 1, odd), the
+    other sizes shrunk to make room: a candidate that computes only the example's rows or columns
+    (``x[:, :80]`` for a width of 80) fails at least one of these whatever hypothesis draws."""
+    values = symbols_of(region).values
+    out = []
+    for index in free:
+        resize = fit(region, {index: 2 * values[index] + 1}, max_elements, keep=(index,))
+        if dict(resize).get(index, 0) > values[index] and _resize_ok(region, resize):
+            out.append(resize)
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -180,6 +197,8 @@ def plan_trials(region: Region, *, shape_specialized: bool, config: VerifyConfig
     if not free:
         notes.append("the region cannot be resized: own shapes only")
         return plans, notes
+    for resize in grown(region, free, config.max_elements)[:config.shape_trials]:
+        plans.append(TrialPlan(resize, tuple(rng.choice(profiles) for _ in range(n)), rng.randrange(2**31)))
     for sizes, picks, value_seed in _drawn_sizes(free, config.shape_trials * 3, config.seed):
         resize = fit(region, sizes, config.max_elements)
         if not _resize_ok(region, resize):

@@ -109,6 +109,18 @@ def test_plans_cover_every_profile_and_awkward_sizes():
     assert all(not p.resize for p in fixed)
 
 
+def test_every_free_size_gets_a_trial_past_its_own_value_whatever_hypothesis_draws():
+    """A candidate hard-coding the example's width (``x[:, :80]``) passes every trial at or below 80: each
+    free size gets a trial above its own, the other sizes shrunk to fit the element budget."""
+    region = regions.from_function(lambda x: torch.softmax(x, -1), torch.randn(300, 80))
+    for seed in range(5):
+        config = VerifyConfig(shape_trials=6, max_elements=4096, seed=seed)
+        plans, _ = plan_trials(region, shape_specialized=False, config=config)
+        resized = [dict(p.resize) for p in plans if p.resize]
+        assert any(r.get(1, 80) > 80 for r in resized) and any(r.get(0, 300) > 300 for r in resized)
+        assert all(r.get(0, 300) * r.get(1, 80) <= 4096 for r in resized)
+
+
 def test_a_region_with_a_literal_split_keeps_its_own_shapes():
     """split(x, 16) of a width 32 means halves or 16 columns, a guess at any other width: no resizing."""
     def halves(x):
