@@ -267,6 +267,40 @@ def test_fp8_gemm_and_attention_benchmarks_smoke(tmp_path):
     assert (tmp_path / "fp8-gemm.md").exists()
 
 
+def test_capped_attention_benchmark_smoke():
+    """benchmarks/micro/capped_attention.py times the model's spelled-out attention and the fused kernel and
+    reports both errors against float32 (the interpreter truncates bf16 roundings: errors of ~1e-2)."""
+    import torch as _torch
+
+    from benchmarks.micro import capped_attention
+
+    rows = capped_attention.measure_shape(*capped_attention.TINY[0], device=_torch.device("cpu"))
+    assert [r["kernel"] for r in rows] == ["spelled out, eager", "kopt fused", "kopt fused"]
+    assert all(0 < r["rel_err"] < 2e-2 for r in rows)
+
+
+def test_capped_attention_candidates_are_the_tiles_that_do_not_spill_much():
+    """benchmarks/tools/sass.py attention: every tile capped_attention leaves out for a 256-wide head spills
+    registers on sm_90, and one it keeps does not spill at all."""
+    import os
+
+    from kopt.kernels import capped_attention
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "tools" / "sass.py"
+    out = subprocess.run([sys.executable, str(script), "attention", "256"], capture_output=True, text=True, env=env,
+                         check=True, timeout=600).stdout
+    stores = {}
+    for line in out.strip().splitlines()[2:]:
+        _, tile, _, _, local_stores = (cell.strip() for cell in line.strip("|").split("|"))
+        stores[tile] = int(local_stores)
+    kept = {f"{c['BLOCK_M']} x {c['BLOCK_N']}, {c['num_warps']} warps" for c in capped_attention.candidates(256)}
+    assert kept < set(stores)
+    assert all(stores[tile] > 0 for tile in set(stores) - kept)
+    assert any(stores[tile] == 0 for tile in kept)
+
+
 def test_attention_layout_benchmark_times_every_layout_with_its_strides():
     """benchmarks/micro/attention_layout.py: each layout is what its name says, and the output is attention."""
     from benchmarks.micro import attention_layout

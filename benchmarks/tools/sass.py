@@ -4,6 +4,7 @@ machine (no GPU needed: Triton's bundled ptxas and cuobjdump do the work).
 
     python benchmarks/tools/sass.py          # per-value counts, with and without kopt/kernels/_fastmath.py's PTX forms,
                                        # then registers / global loads of the layouts the docstrings cite
+    python benchmarks/tools/sass.py attention [HEAD_DIM ...]   # registers and spills of capped_attention's tiles
 
 Why: the kernel is bound by instruction issue rather than memory bandwidth on the H200, so the
 number of instructions each value costs is what its speed follows (``kopt/kernels/activation_quant.py``).
@@ -15,6 +16,7 @@ layout runs with the num_warps the autotuner chose for it on the H200.
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import re
 import subprocess
@@ -28,7 +30,7 @@ if __package__ in (None, ""):
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from kopt.kernels import activation_quant, qk_norm_rope  # noqa: E402
+from kopt.kernels import activation_quant, capped_attention, qk_norm_rope  # noqa: E402
 
 _SIGNATURE = {"prefix_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "P": "i32",
               "F": "i32", "stride_p": "i32", "stride_h": "i32", "stride_q": "i32"}
@@ -42,15 +44,17 @@ _QK_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_pt
 
 
 def compile_sm90(kernel: triton.JITFunction, constants: dict[str, object], num_warps: int,
-                 signature: dict[str, str] = _SIGNATURE) -> tuple[collections.Counter, int]:
+                 signature: dict[str, str] = _SIGNATURE, num_stages: int = 3) -> tuple[collections.Counter, int]:
     """(opcode counts, registers per thread) of ``kernel`` compiled for sm_90 with ``constants`` (its
-    constexprs), every pointer and integer argument divisible by 16 as Triton specializes the
-    production shapes."""
-    full = dict(signature, **{name: "constexpr" for name in constants})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind != "fp32"}
+    constexprs, and the arguments Triton specializes to 1 such as a unit stride), every other pointer
+    and integer argument divisible by 16 as Triton specializes the production shapes."""
+    full = {name: "constexpr" if name in constants else kind for name, kind in signature.items()}
+    full.update({name: "constexpr" for name in constants})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(full.values())
+             if kind not in ("fp32", "constexpr")}
     source = triton.compiler.ASTSource(fn=kernel, signature=full, constexprs=constants, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 128),
-                              options={"num_warps": num_warps, "launch_pdl": True})
+                              options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as folder:
         cubin = os.path.join(folder, "kernel.cubin")
@@ -59,6 +63,31 @@ def compile_sm90(kernel: triton.JITFunction, constants: dict[str, object], num_w
                                       check=True).stdout for flag in ("-sass", "-res-usage"))
     opcodes = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)
     return collections.Counter(op.split(".")[0] for op in opcodes), int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def _attention_signature() -> dict[str, str]:
+    """capped_attention's kernel arguments: bf16 tensors, int32 sizes and strides, float32 scales."""
+    names = inspect.signature(capped_attention._capped_attention_kernel.fn).parameters
+    kinds = {"span_ptr": "*i32", "pre": "fp32", "post": "fp32"}
+    return {name: kinds.get(name, "*bf16" if name.endswith("_ptr") else "i32") for name in names
+            if names[name].annotation is inspect.Parameter.empty}
+
+
+def attention_rows(head_dims: tuple[int, ...] = (128, 256)) -> list[tuple[int, str, int, int, int]]:
+    """(head dim, tile, registers per thread, local loads, local stores) of capped_attention's kernel with a
+    soft-cap and a mask, for every tile of (BLOCK_M, BLOCK_N, num_warps) it knows at 2 pipeline stages
+    and the head dims of Llama / Gemma 2; local memory traffic is spilled registers. Its candidates keep the
+    tiles that do not spill (or barely)."""
+    out = []
+    unit = {name: 1 for name in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_bn")}
+    for head_dim in head_dims:
+        for block_m, block_n, warps in capped_attention._TILES:
+            constants = dict(unit, HAS_BIAS=True, SOFTCAP=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim,
+                             PRECISION="tf32", UPCAST=False, EVEN_D=True, FAST=True)
+            counts, registers = compile_sm90(capped_attention._capped_attention_kernel, constants, warps,
+                                             _attention_signature(), num_stages=2)
+            out.append((head_dim, f"{block_m} x {block_n}, {warps} warps", registers, counts["LDL"], counts["STL"]))
+    return out
 
 
 def sass_counts(kernel: triton.JITFunction, constants: dict[str, object], num_warps: int) -> collections.Counter:
@@ -112,6 +141,11 @@ def resource_rows() -> list[tuple[str, int, int, int, int]]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["attention"]:
+        print("| head dim | tile | registers / thread | local loads | local stores |\n|---:|---|---:|---:|---:|")
+        for row in attention_rows(tuple(int(d) for d in sys.argv[2:]) or (128, 256)):
+            print("| " + " | ".join(str(x) for x in row) + " |")
+        return
     print("| layout | math | SASS instructions | per value |\n|---|---|---:|---:|")
     for layout, math, total, per_value in rows():
         print(f"| {layout} | {math} | {total} | {per_value:.1f} |")

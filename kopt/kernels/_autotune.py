@@ -103,7 +103,8 @@ def _do_bench_ms(fn: Callable[[], object]) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton kernels run in its CPU interpreter (``TRITON_INTERPRET`` set and not 0)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -158,7 +159,7 @@ class Tuner:
         """An injected timer times anywhere; do_bench needs a real (not interpreted, not capturing) GPU."""
         if self._timer is not None:
             return True
-        if device.type != "cuda" or _interpreting():
+        if device.type != "cuda" or interpreting():
             return False
         return not torch.cuda.is_current_stream_capturing()
 
@@ -183,7 +184,7 @@ class Tuner:
         if not candidates:
             raise ValueError(f"autotune: no candidate configs for {kernel} [{key}]")
         default = Choice(dict(candidates[0]), "default", default=config_name(candidates[0]))
-        if not self.enabled() or not (self._timer is not None or (device.type == "cuda" and not _interpreting())):
+        if not self.enabled() or not (self._timer is not None or (device.type == "cuda" and not interpreting())):
             return self._record(kernel, default)  # off, or the CPU / interpreter: nothing to tune or look up
         fast = self._chosen.get((kernel, key, str(device)))  # this process already decided: no lookups
         if fast is not None:

@@ -17,6 +17,7 @@ from kopt.passes.fp8.gemv import Fp8Gemv
 from kopt.passes.fp8.linear import Fp8Linear
 from kopt.passes.fp8.norm_quant import FuseAdaLNQuant
 from kopt.passes.fuse.adaln import FuseAdaLN
+from kopt.passes.fuse.attention import FuseAttention
 from kopt.passes.fuse.codegen import CodegenFuse
 from kopt.passes.fuse.gated_residual import FuseGatedResidual
 from kopt.passes.fuse.joint_attention_input import FuseJointAttentionInput
@@ -88,12 +89,12 @@ def _when(condition: bool, rewrite: Pass) -> list[Pass]:
 
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU
-    (codegen-fuse, split-concat-linear: the agent's end-to-end A/B decides them per model), or added
-    by an option (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly where
+    (codegen-fuse, split-concat-linear, fuse-attention: the agent's end-to-end A/B decides them per
+    model), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly where
     each one's ``runs_before`` says (:func:`with_pass`; ``staging`` for most: it marks the values it
     hoists by node name)."""
-    return [CodegenFuse(), SplitConcatLinear(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(), Fp8Attention(),
-            FuseAttentionOutputQuant(), Fp8Gemv()]
+    return [CodegenFuse(), SplitConcatLinear(), FuseAttention(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(),
+            Fp8Attention(), FuseAttentionOutputQuant(), Fp8Gemv()]
 
 
 def added_by_name() -> list[str]:

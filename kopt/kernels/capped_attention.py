@@ -1,0 +1,303 @@
+"""Attention with soft-capped logits and an additive mask, in one kernel:
+
+    s = cap · tanh(scale · q·kᵀ / cap)     (``softcap`` = cap; without it s = scale · q·kᵀ)
+    s = s + bias                          (an additive mask: 0 / −inf, or any float, broadcast over
+                                           batch and heads)
+    o = softmax(s) · v
+
+for Q (B, H, S_q, D) and K, V (B, H / G, S_k, D): G query heads share a key/value head (grouped-query
+attention), read where they lie instead of repeated.
+
+Why: torch's fused attention kernels take no soft-cap, so a model with one (Gemma 2: cap 50 on every
+layer's logits) spells its attention out — a batched GEMM writing the (B, H, S_q, S_k) logits, the
+cap, the mask and the softmax over them, and a second batched GEMM reading the probabilities back.
+At Gemma-2-9B's prefill (16 heads, 2048 tokens) those logits are 134 MB per layer in bf16, written
+and read several times; here they never leave the chip (FlashAttention's online softmax, in float32).
+
+Masked tiles are skipped without knowing the mask's shape: :func:`_live_keys_kernel` reads the mask
+once per call (one program per tile) and records, per tile of BLOCK_M query rows, the first and last
+tile of BLOCK_N keys holding any entry that is not −inf; the attention loop runs over that span only. A causal or
+sliding-window mask then costs about half the work of a full one, and a mask with holes is simply
+computed (a −inf entry contributes exp(−inf) = 0 either way). A NaN in the mask is not −inf, so its
+tile is kept and the NaN reaches the output, as in the model's softmax.
+
+Numerics: logits, cap, mask and softmax in float32 (the model rounds its logits to bf16 after the GEMM
+and after each step: up to 0.125 of absolute error at a cap of 50); probabilities are rounded to V's
+dtype for the second product, as in any flash kernel. A query row whose keys are all masked divides
+0 by 0 and gives NaN, as the model's softmax over −inf does. The tanh is ``1 − 2 / (1 + e^{2x})``:
+its absolute error (what a softmax's logits care about) stays near float32's epsilon times the cap.
+
+FLOPs: 4·B·H·S_q·S_k·D over the keys not masked. The contract is ``exact`` up to summation order
+and float32 rounding (:func:`reference`, computed in float64 by the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch.utils.flop_counter import register_flop_formula
+
+from kopt.kernels import _autotune
+from kopt.kernels._autotune import Config, pow2_bucket, shape_key
+from kopt.kernels._fastmath import exp2, fast_math, reciprocal
+
+__all__ = ["candidates", "capped_attention", "check", "launch", "reference"]
+
+_LOG2E = 1.4426950408889634
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------- reference (spec)
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float,
+              softcap: float | None = None) -> torch.Tensor:
+    """The spec in q's dtype's arithmetic (float64 inputs give a float64 reference): K and V repeated
+    to Q's heads, the logits capped and masked, softmax, product."""
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    return torch.softmax(s, dim=-1) @ v
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit
+def _live_keys_kernel(bias_ptr, span_ptr, S_q, S_k, n_heads, stride_b, stride_h, stride_m, stride_n,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (BLOCK_M x BLOCK_N) tile of one (batch, head) of the mask: if any entry is not −inf, widen
+    its row tile's key span to cover it. A span is two int32 at ``span_ptr`` + 2·(the row tile's
+    index), zeroed before: (S_k − first key, end key), both raised by atomic max, so a row tile that
+    sees no key keeps [S_k, 0), an empty loop. One program per tile: the whole mask is read at once."""
+    bh = tl.program_id(0)
+    tile_m = tl.program_id(1)
+    start = tl.program_id(2) * BLOCK_N
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = start + tl.arange(0, BLOCK_N)
+    base = bias_ptr + (bh // n_heads).to(tl.int64) * stride_b + (bh % n_heads).to(tl.int64) * stride_h
+    inside = (rows < S_q)[:, None] & (cols < S_k)[None, :]
+    x = tl.load(base + rows[:, None].to(tl.int64) * stride_m + cols[None, :] * stride_n, mask=inside,
+                other=float("-inf"))
+    if tl.sum((x != float("-inf")).to(tl.int32)) > 0:  # NaN counts as seen
+        span = span_ptr + (bh * tl.num_programs(1) + tile_m) * 2
+        tl.atomic_max(span, S_k - start)
+        tl.atomic_max(span + 1, start + BLOCK_N)
+
+
+@triton.jit
+def _tanh(x, FAST: tl.constexpr):
+    """tanh(x) as 1 − 2 / (1 + 2^(2·log2(e)·x)): ±1 at the ends (2^±inf), one exp2 and one reciprocal
+    (of a value ≥ 1, so the flush-to-zero forms of :mod:`kopt.kernels._fastmath` lose nothing)."""
+    return 1.0 - 2.0 * reciprocal(1.0 + exp2(x * (2.0 * 1.4426950408889634), FAST), FAST)
+
+
+@triton.jit
+def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H, GROUPS, S_q, S_k, D,
+                             pre, post, bias_heads, spans_per_head,
+                             stride_qb, stride_qh, stride_qm, stride_qd,
+                             stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_vb, stride_vh, stride_vn, stride_vd,
+                             stride_bb, stride_bh, stride_bm, stride_bn,
+                             stride_ob, stride_oh, stride_om, stride_od,
+                             HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                             UPCAST: tl.constexpr, EVEN_D: tl.constexpr, FAST: tl.constexpr):
+    tile_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    kv_head = h // GROUPS
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    keys = tl.arange(0, BLOCK_N)
+    row_in = rows < S_q
+    dim_in = dims < D
+    if EVEN_D:  # the head dim is the tile's: no lane of it to mask (fewer predicates held in registers)
+        dim_in = dims < BLOCK_D
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
+                mask=row_in[:, None] & dim_in[None, :], other=0.0)
+    if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly: products in float32 there
+        q = q.to(tl.float32)
+    first = 0
+    end = S_k
+    if HAS_BIAS:
+        bias_b = tl.where(stride_bb == 0, 0, b)  # the span of this (batch, head) of the mask
+        bias_h = tl.where(stride_bh == 0, 0, h)
+        span = span_ptr + ((bias_b * bias_heads + bias_h) * spans_per_head + tile_m) * 2
+        first = S_k - tl.load(span)
+        end = tl.load(span + 1)
+        bias_rows = bias_ptr + b * stride_bb + h * stride_bh + rows[:, None] * stride_bm
+    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(first, end, BLOCK_N):
+        cols = start + keys
+        col_in = cols < S_k
+        k = tl.load(k_base + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
+                    mask=col_in[None, :] & dim_in[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:
+            s = post * _tanh(s * pre, FAST)
+        else:
+            s = s * pre
+        if HAS_BIAS:
+            s += tl.load(bias_rows + cols[None, :] * stride_bn, mask=row_in[:, None] & col_in[None, :],
+                         other=0.0).to(tl.float32)
+        s = tl.where(col_in[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: exp2(-inf - 0) = 0
+        alpha = exp2((m_i - m_use) * 1.4426950408889634, FAST)
+        p = exp2((s - m_use[:, None]) * 1.4426950408889634, FAST)  # a flushed subnormal p adds nothing seen
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
+                    mask=col_in[:, None] & dim_in[None, :], other=0.0)
+        p = p.to(v.dtype)  # rounded as the second product takes it
+        if UPCAST:
+            p = p.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & dim_in[None, :])
+
+
+# ----------------------------------------------------------------------------- launch
+_TILES = ((64, 64, 4), (64, 64, 8), (64, 32, 8), (128, 64, 8), (128, 32, 8), (64, 32, 4), (128, 128, 8),
+          (64, 128, 4))  # (BLOCK_M, BLOCK_N, num_warps), in order of preference
+_MAX_LIVE_PER_THREAD = 80  # float32 accumulator and logits per thread; more spills (sass.py attention)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(triton.next_power_of_2(head_dim), 16)
+
+
+@functools.cache
+def _candidates(block_d: int) -> tuple[Config, ...]:
+    out = []
+    for block_m, block_n, warps in _TILES:
+        if (block_m * block_d + block_m * block_n) // (32 * warps) > _MAX_LIVE_PER_THREAD:
+            continue
+        for stages in (2, 3):
+            out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+    return tuple(out)
+
+
+def candidates(head_dim: int) -> list[Config]:
+    """Launch configs for a head dim, the default first: tiles of 64/128 query rows by 32..128 keys
+    over 4 or 8 warps and 2 or 3 pipeline stages, keeping those whose float32 accumulator and logits
+    take at most 80 registers a thread (compiled for sm_90, larger ones spill: a 256-wide head
+    allows 64 × 64 over 8 warps but not over 4)."""
+    return [dict(c) for c in _candidates(_block_d(head_dim))]
+
+
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float,
+          softcap: float | None) -> None:
+    """Raise ValueError unless the operands are what :func:`launch` takes (module docstring)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"capped_attention: q, k, v must be (B, H, S, D), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    b, h, s_q, d = q.shape
+    if (k.shape[0], k.shape[3]) != (b, d) or k.shape != v.shape or not k.shape[1] or h % k.shape[1]:
+        raise ValueError(f"capped_attention: k and v must be (B, H / G, S_k, D) for q {tuple(q.shape)}, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"capped_attention: q, k, v must share one of {_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if bias is not None:
+        try:
+            torch.broadcast_shapes(bias.shape, (b, h, s_q, k.shape[2]))
+        except RuntimeError:
+            raise ValueError(f"capped_attention: bias {tuple(bias.shape)} does not broadcast to "
+                             f"{(b, h, s_q, k.shape[2])}") from None
+        if bias.dim() > 4 or not bias.dtype.is_floating_point:
+            raise ValueError(f"capped_attention: bias must be a float tensor of at most 4 dims, got "
+                             f"{bias.dtype} {tuple(bias.shape)}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"capped_attention: softcap must be positive, got {softcap}")
+    if not scale == scale:
+        raise ValueError("capped_attention: scale is NaN")
+
+
+def empty_output(q: torch.Tensor) -> torch.Tensor:
+    """The (B, H, S, D) output laid out as (B, S, H, D), as aten's attention kernels return it: the
+    model's following ``transpose(1, 2).reshape(B, S, H·D)`` is then a view."""
+    b, h, s, d = q.shape
+    return torch.empty((b, s, h, d), dtype=q.dtype, device=q.device).permute(0, 2, 1, 3)
+
+
+def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float,
+           softcap: float | None = None, *, config: Config | None = None) -> torch.Tensor:
+    """Run the kernels (the mask's key spans, then the attention); the output is (B, H, S_q, D) in
+    q's dtype, laid out as :func:`empty_output` says. ``config`` forces a launch config (one of
+    ``candidates``); by default the autotuner picks it."""
+    check(q, k, v, bias, scale, softcap)
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    out = empty_output(q)
+    if not out.numel():
+        return out
+    full_bias = None if bias is None else bias.expand(b, h, s_q, s_k)
+    bias_batches = 1 if full_bias is None or full_bias.stride(0) == 0 else b
+    bias_heads = 1 if full_bias is None or full_bias.stride(1) == 0 else h
+    bias_strides = full_bias.stride() if full_bias is not None else (0, 0, 0, 0)
+    block_d = _block_d(d)
+
+    def run(cfg: Config, dst: torch.Tensor) -> None:
+        block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        tiles_m = triton.cdiv(s_q, block_m)
+        spans = torch.zeros((bias_batches * bias_heads * tiles_m * 2,), dtype=torch.int32, device=q.device)
+        if full_bias is not None:
+            _live_keys_kernel[(bias_batches * bias_heads, tiles_m, triton.cdiv(s_k, block_n))](
+                full_bias, spans, s_q, s_k, bias_heads, *bias_strides, BLOCK_M=block_m, BLOCK_N=block_n)
+        pre, post = (scale / softcap, softcap) if softcap is not None else (scale, 1.0)
+        _capped_attention_kernel[(tiles_m, b * h)](
+            q, k, v, full_bias if full_bias is not None else q, spans, dst, h, h // k.shape[1], s_q, s_k, d,
+            pre, post, bias_heads, tiles_m, *q.stride(), *k.stride(), *v.stride(), *bias_strides, *dst.stride(),
+            HAS_BIAS=full_bias is not None, SOFTCAP=softcap is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_D=block_d, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            UPCAST=_autotune.interpreting(), EVEN_D=d == block_d, FAST=fast_math(q.device),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    key = shape_key(b=b, h=h, groups=h // k.shape[1], s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d,
+                    bias=tuple(full_bias.shape[:2]) if full_bias is not None else None,
+                    bias_dims=(bias_batches, bias_heads), softcap=softcap is not None, dtype=q.dtype)
+    _autotune.launch_tuned("capped_attention", key, candidates(d), run, (out,), q.device, config,
+                           scratch=lambda: (empty_output(q),))
+    return out
+
+
+# ----------------------------------------------------------------------------- custom op
+@torch.library.custom_op("kopt::capped_attention", mutates_args=())
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float,
+                     softcap: float | None = None) -> torch.Tensor:
+    """``softmax(cap(scale · Q Kᵀ) + bias) V`` (B, H, S, D) → (B, H, S, D); Triton on CUDA, the spec elsewhere."""
+    if q.is_cuda:
+        return launch(q, k, v, bias, scale, softcap)
+    check(q, k, v, bias, scale, softcap)
+    return empty_output(q).copy_(reference(q.float(), k.float(), v.float(), bias, scale, softcap))
+
+
+@capped_attention.register_fake
+def _(q, k, v, bias, scale, softcap=None):
+    return empty_output(q)
+
+
+def flops(q: torch.Tensor, k: torch.Tensor) -> int:
+    """4·B·H·S_q·S_k·D: the two products, every key counted (a mask's skipped tiles are not known here)."""
+    return 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+
+
+@register_flop_formula(torch.ops.kopt.capped_attention)
+def _flop_formula(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch's FLOP counter (and the agent's roofline, :mod:`kopt.agent.floor`) for the op: :func:`flops`."""
+    b, h, s_q, d = q_shape
+    return 4 * b * h * s_q * k_shape[2] * d

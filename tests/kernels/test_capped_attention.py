@@ -1,0 +1,155 @@
+"""kopt::capped_attention: the Triton kernels (interpreted on the CPU) against float64 attention on fresh
+inputs — soft-cap on and off, grouped-query heads, causal / sliding-window / padding / random masks
+broadcast over batch and heads, awkward lengths, every launch config — the skipped-tile spans, NaN
+where the model's softmax gives NaN, refused inputs; on a GPU, the Gemma-2-9B prefill shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kopt.kernels import capped_attention as mod
+from kopt.kernels._autotune import config_name
+from tests.conftest import rel_err
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+NEG = float("-inf")
+
+
+def _qkv(b, h, groups, s_q, s_k, d, seed, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, s_q, d, generator=g) * 2
+    k = torch.randn(b, h // groups, s_k, d, generator=g)
+    v = torch.randn(b, h // groups, s_k, d, generator=g)
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+def _mask(kind, s_q, s_k, seed=0, window=5):
+    """An additive (1, 1, S_q, S_k) mask as transformers builds them (0 where a key is seen, -inf where not)."""
+    i = torch.arange(s_q)[:, None] + (s_k - s_q)  # queries are the last S_q positions
+    j = torch.arange(s_k)[None, :]
+    if kind == "causal":
+        seen = j <= i
+    elif kind == "window":
+        seen = (j <= i) & (j > i - window)
+    elif kind == "padding":
+        seen = (j < s_k - 7).expand(s_q, s_k)
+    elif kind == "random":
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(1, 1, s_q, s_k, generator=g)
+    else:
+        raise ValueError(kind)
+    return torch.where(seen, 0.0, NEG)[None, None]
+
+
+def _exact(q, k, v, bias, scale, softcap):
+    return mod.reference(q.double(), k.double(), v.double(), None if bias is None else bias.double(), scale, softcap)
+
+
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "capped"])
+@pytest.mark.parametrize("mask", [None, "causal", "window", "padding", "random"])
+def test_kernel_matches_float64_attention(softcap, mask):
+    q, k, v = _qkv(2, 4, 2, 37, 53, 16, seed=1)
+    bias = None if mask is None else _mask(mask, 37, 53, seed=2)
+    out = mod.launch(q, k, v, bias, 0.3, softcap)
+    assert out.shape == q.shape
+    assert rel_err(out, _exact(q, k, v, bias, 0.3, softcap)) < 1e-5
+
+
+@pytest.mark.parametrize("config", mod.candidates(16), ids=config_name)
+def test_every_launch_config_matches_float64_attention(config):
+    q, k, v = _qkv(1, 2, 1, 70, 90, 16, seed=3)
+    bias = _mask("window", 70, 90, window=40)
+    out = mod.launch(q, k, v, bias, 0.25, 3.0, config=config)
+    assert rel_err(out, _exact(q, k, v, bias, 0.25, 3.0)) < 1e-5
+
+
+def test_bf16_is_closer_to_float64_than_the_model_s_bf16_arithmetic():
+    """The kernel keeps logits in float32; the model's eager bf16 attention rounds them at every step
+    (logits of a few tens under Gemma 2's cap of 50, where bf16's step is 0.125)."""
+    q, k, v = _qkv(1, 4, 2, 64, 64, 32, seed=4, dtype=torch.bfloat16)
+    q = q * 8
+    bias = _mask("causal", 64, 64)
+    exact = _exact(q, k, v, bias, 32 ** -0.5, 50.0)
+    out = mod.launch(q, k, v, bias.to(torch.bfloat16), 32 ** -0.5, 50.0)
+    kr, vr = (t.repeat_interleave(2, dim=1) for t in (k, v))  # transformers' eager path, in bf16
+    s = (q @ kr.transpose(-1, -2)) * 32 ** -0.5
+    s = torch.tanh(s / 50.0) * 50.0 + bias.to(torch.bfloat16)
+    eager = torch.softmax(s, dim=-1, dtype=torch.float32).to(torch.bfloat16) @ vr
+    assert rel_err(out, exact) < rel_err(eager, exact)
+    assert rel_err(out, exact) < 1e-2
+
+
+def test_a_mask_broadcast_per_batch_and_head_uses_each_one_s_rows():
+    q, k, v = _qkv(2, 2, 1, 20, 24, 16, seed=5)
+    g = torch.Generator().manual_seed(6)
+    bias = torch.randn(2, 2, 20, 24, generator=g)
+    bias[0, 1, :, 8:] = NEG  # one (batch, head) sees only its first keys
+    bias[1, 0, 5:, :16] = NEG
+    out = mod.launch(q, k, v, bias, 0.5)
+    assert rel_err(out, _exact(q, k, v, bias, 0.5, None)) < 1e-5
+
+
+def test_spans_cover_exactly_the_tiles_with_a_key_seen():
+    bias = _mask("window", 96, 96, window=20)
+    bias[..., 70:75, :] = NEG  # and some rows see nothing
+    bias[..., 64:96, :] = NEG
+    spans = torch.zeros(2 * 3, dtype=torch.int32)  # 96 rows = three 32-row tiles, one (batch, head)
+    b = bias.expand(1, 1, 96, 96)
+    mod._live_keys_kernel[(1, 3, 6)](b, spans, 96, 96, 1, *b.stride(), BLOCK_M=32, BLOCK_N=16)
+    # rows 0-31 see keys 0-31; rows 32-63 see keys 13-63 (16-key tiles); rows 64-95 see none: [96, 0)
+    first_and_end = [[96 - first_back, end] for first_back, end in spans.view(3, 2).tolist()]
+    assert first_and_end == [[0, 32], [0, 64], [96, 0]]
+
+
+def test_a_query_row_with_every_key_masked_gives_nan_like_the_model_s_softmax():
+    q, k, v = _qkv(1, 1, 1, 8, 8, 16, seed=7)
+    bias = torch.zeros(1, 1, 8, 8)
+    bias[..., 3, :] = NEG
+    out = mod.launch(q, k, v, bias, 0.5)
+    model = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + bias, -1) @ v
+    assert torch.isnan(out[..., 3, :]).all() and torch.isnan(model[..., 3, :]).all()
+    rest = [i for i in range(8) if i != 3]
+    assert rel_err(out[..., rest, :], _exact(q, k, v, bias, 0.5, None)[..., rest, :]) < 1e-5
+
+
+def test_a_nan_in_the_mask_reaches_the_output():
+    q, k, v = _qkv(1, 1, 1, 8, 40, 16, seed=8)
+    bias = torch.full((1, 1, 8, 40), NEG)
+    bias[..., :4] = 0.0
+    bias[..., 2, 37] = float("nan")  # in a tile that holds nothing but -inf otherwise
+    out = mod.launch(q, k, v, bias, 0.5, config={"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2})
+    assert torch.isnan(out[..., 2, :]).all()
+    assert not torch.isnan(out[..., [0, 1, 3], :]).any()
+
+
+def test_output_is_laid_out_as_aten_attention_returns_it():
+    q, k, v = _qkv(1, 2, 1, 5, 5, 16, seed=9)
+    out = mod.capped_attention(q, k, v, None, 0.5, None)
+    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("bad", ["heads", "dtype", "bias", "softcap"])
+def test_refuses_inputs_it_does_not_compute(bad):
+    q, k, v = _qkv(1, 4, 2, 8, 8, 16, seed=10)
+    bias, softcap = None, None
+    if bad == "heads":
+        k = v = torch.randn(1, 3, 8, 16)
+    elif bad == "dtype":
+        v = v.double()
+    elif bad == "bias":
+        bias = torch.zeros(1, 1, 8, 9)
+    elif bad == "softcap":
+        softcap = 0.0
+    with pytest.raises(ValueError, match="capped_attention"):
+        mod.launch(q, k, v, bias, 0.5, softcap)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_gemma2_prefill_shape_on_the_gpu():
+    q, k, v = _qkv(1, 16, 2, 2048, 2048, 256, seed=11, dtype=torch.bfloat16, device="cuda")
+    bias = _mask("causal", 2048, 2048).to("cuda", torch.bfloat16)
+    out = mod.launch(q, k, v, bias, 256 ** -0.5, 50.0)
+    exact = _exact(q, k, v, bias, 256 ** -0.5, 50.0)
+    assert rel_err(out, exact) < 1e-2
