@@ -6,8 +6,9 @@ can be resized (:func:`kopt.agent.interpret.resize_problem`) and the candidate d
 itself shape-specialized, each size that can change gets one trial past its own value (:func:`grown`:
 a candidate that hard-codes the example's width would pass every trial at or below it), and
 hypothesis draws more: sizes from an awkward list (primes, 781, 1823, 1) or anywhere up to 2048,
-scaled down to a CPU-feasible element budget, with a value profile per input. Hypothesis only generates here (no shrinking, no example database): it is the source of
-varied, boundary-seeking plans; the verdict comes from the checks.
+scaled down to a CPU-feasible element budget, with a value profile per input. Hypothesis only
+generates here (no shrinking, no example database): it is the source of varied, boundary-seeking
+plans; the verdict comes from the checks.
 """
 
 from __future__ import annotations

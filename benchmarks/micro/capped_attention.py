@@ -4,7 +4,8 @@ the spelled-out attention the model runs (eager, and compiled by Inductor as a r
 it), with each one's error against float32; torch's SDPA without the cap as the price of attention
 that needs no cap (a different computation: its error is not comparable).
 
-    python benchmarks/micro/capped_attention.py          # on the GPU: capped_attention.{json,md} under $OUT or benchmarks/results
+    python benchmarks/micro/capped_attention.py          # on the GPU: capped_attention.{json,md}
+                                                         # under $OUT or benchmarks/results
     python benchmarks/micro/capped_attention.py --tiny   # CPU smoke run (interpreter, small shapes; times mean nothing)
 
 Times are CUDA-graph replays (GPU time only, median) of one call; the fused kernel's time includes its

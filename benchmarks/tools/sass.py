@@ -83,7 +83,7 @@ def attention_rows(head_dims: tuple[int, ...] = (128, 256)) -> list[tuple[int, s
     for head_dim in head_dims:
         for block_m, block_n, warps in capped_attention._TILES:
             constants = dict(unit, HAS_BIAS=True, SOFTCAP=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim,
-                             PRECISION="tf32", UPCAST=False, EVEN_D=True, FAST=True)
+                             PRECISION=None, UPCAST=False, EVEN_D=True, FAST=True)
             counts, registers = compile_sm90(capped_attention._capped_attention_kernel, constants, warps,
                                              _attention_signature(), num_stages=2)
             out.append((head_dim, f"{block_m} x {block_n}, {warps} warps", registers, counts["LDL"], counts["STL"]))

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kopt.kernels._fastmath import exp2, fast_math, reciprocal, round_to
+from kopt.kernels._fastmath import exp2, fast_math, reciprocal, round_to, tanh
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -55,3 +55,32 @@ def test_interpreted_forms_match_torch():
 def test_gpu_ptx_forms_match_torch():
     assert fast_math(torch.device("cuda"))
     _check(_values("cuda", 1 << 20))
+
+
+@triton.jit
+def _apply_tanh(x_ptr, t_ptr, n, BLOCK: tl.constexpr, FAST: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(t_ptr + offs, tanh(x, FAST), mask=offs < n)
+
+
+def _tanh_errors(x: torch.Tensor) -> tuple[float, float]:
+    """(largest absolute, largest relative error) of the kernel's tanh against float64."""
+    t = torch.full_like(x, float("nan"))
+    _apply_tanh[(triton.cdiv(x.numel(), 256),)](x, t, x.numel(), BLOCK=256, FAST=fast_math(x.device))
+    exact = torch.tanh(x.double())
+    error = (t.double() - exact).abs()
+    return error.max().item(), (error / exact.abs().clamp_min(2.0**-60)).max().item()
+
+
+def test_interpreted_tanh_has_float32_absolute_error():
+    x = torch.cat([_values("cpu", 2000) / 10, torch.tensor([0.0, 1e-8, -1e-8, 60.0, -60.0, 1e4, -1e4])])
+    absolute, _ = _tanh_errors(x)
+    assert absolute < 4e-7
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_tanh_is_within_the_ptx_bound():
+    absolute, relative = _tanh_errors(_values("cuda", 1 << 20) / 10)
+    assert relative < 2.0**-10.5 and absolute < 2.0**-10.5
