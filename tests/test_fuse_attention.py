@@ -98,6 +98,22 @@ def test_another_spelling_of_the_cap_and_plain_attention_fuse_to_the_same_op():
         assert rel_err(_first(graph_module(*fresh)), fn(*[t.double() for t in fresh])) < 1e-6
 
 
+def test_a_product_read_as_three_dims_keeps_its_shape_with_two_batches():
+    def batched(q, k, v, mask):
+        b, h, s, d = q.shape
+        logits = torch.bmm(q.reshape(b * h, s, d), k.reshape(b * h, s, d).transpose(1, 2)).view(b, h, s, s)
+        p = torch.softmax(logits * 0.25 + mask, dim=-1)
+        return torch.bmm(p.view(b * h, s, s), v.reshape(b * h, s, d))  # (B·H, S, D): never viewed back
+
+    args = [torch.cat([t, t.flip(-1)]) for t in _inputs(kv_heads=4)]  # two batches, each its own values
+    graph_module = trace_function(batched, *args)
+    assert run_passes(graph_module, [FuseAttention()], strict=True)[0].matches == {"spelled-attention": 1}
+    fresh = [torch.cat([t, t.flip(-1)]) for t in _inputs(kv_heads=4, seed=5)]
+    got = _first(graph_module(*fresh))
+    assert got.shape == (8, 37, 16)
+    assert rel_err(got, batched(*[t.double() for t in fresh])) < 1e-6
+
+
 def test_attentions_it_cannot_fuse_are_left_alone_with_their_reason():
     def probabilities_returned(q, k, v, mask):
         p = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)

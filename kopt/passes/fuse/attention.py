@@ -75,6 +75,19 @@ def _behind_view(node: object, ndim: int) -> torch.fx.Node | None:
     return node if isinstance(node, torch.fx.Node) else None
 
 
+def _keys(operand: object) -> torch.fx.Node | None:
+    """The (B, H, S_k, D) keys behind the first product's right operand: a 3-D view of the keys
+    transposed in their last two dims, or the 3-D view transposed."""
+    if isinstance(operand, torch.fx.Node) and operand.target is aten.transpose.int \
+            and sorted(a % 3 for a in operand.args[1:]) == [1, 2]:
+        return _behind_view(operand.args[0], 4)
+    transposed = _behind_view(operand, 4)
+    if transposed is None or transposed.target is not aten.transpose.int \
+            or sorted(a % 4 for a in transposed.args[1:]) != [2, 3]:
+        return None
+    return transposed.args[0]
+
+
 def _scalar(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -231,13 +244,10 @@ def match(softmax: torch.fx.Node) -> Spelled | str | None:
     if not _sole(first) or not _sole(raw):
         return "the first product is read elsewhere"
     q = _behind_view(first.args[0], 4)
-    kt = _behind_view(first.args[1], 4)
+    k = _keys(first.args[1])
     v = _behind_view(second.args[1], 4)
-    if q is None or kt is None or v is None:
-        return "an operand of the products is not a view of a (B, H, S, D) tensor"
-    if kt.target is not aten.transpose.int or sorted(a % 4 for a in kt.args[1:]) != [2, 3]:
-        return "the keys are not transposed (B, H, S_k, D) values"
-    k = kt.args[0]
+    if q is None or k is None or v is None:
+        return "an operand of the products is not a view of (B, H, S, D) values (the keys transposed)"
     qv, kv, vv = meta_value(q), meta_value(k), meta_value(v)
     if any(t is None for t in (qv, kv, vv)) or not (qv.shape[:2] == kv.shape[:2] == vv.shape[:2]):
         return "queries, keys and values do not share batch and heads"
@@ -280,8 +290,8 @@ class FuseAttention(Pass):
             with graph.inserting_before(found.output):
                 fused = graph.call_function(torch.ops.kopt.capped_attention.default,
                                             (found.q, found.k, found.v, found.bias, found.scale, found.softcap))
-                out = fused if found.output.target in RESHAPES else graph.call_function(
-                    aten.view.default, (fused, [found.output_shape[0] * found.output_shape[1],
-                                                *found.output_shape[2:]]))
+                out = fused if found.output.target in RESHAPES else graph.call_function(  # the 3-D product
+                    aten.reshape.default, (fused, [found.output_shape[0] * found.output_shape[1],
+                                                   *found.output_shape[2:]]))  # a copy: heads are not outermost
             replace(found.output, out, pass_name=self.name, rule=RULE)
         graph.eliminate_dead_code()
