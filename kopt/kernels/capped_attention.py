@@ -265,8 +265,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     key = shape_key(b=b, h=h, groups=h // k.shape[1], s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d,
-                    bias=tuple(full_bias.shape[:2]) if full_bias is not None else None,
-                    bias_dims=(bias_batches, bias_heads), softcap=softcap is not None, dtype=q.dtype)
+                    mask=f"{bias_batches}x{bias_heads}" if full_bias is not None else "none",
+                    softcap=softcap is not None, dtype=q.dtype)
     _autotune.launch_tuned("capped_attention", key, candidates(d), run, (out,), q.device, config,
                            scratch=lambda: (empty_output(q),))
     return out
