@@ -38,23 +38,22 @@ _LOCK = threading.Lock()
 
 def accepted_choices(path: Path, base: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     """Graph signature -> (candidate, record) of the best accepted pipeline choice measured against
-    ``base`` in this environment."""
+    ``base`` in this environment (:func:`kopt.agent.pipeline_choice.best_accepted`: choices kept on
+    top of one another count their chain's speedups together)."""
     from kopt.agent.candidate import Candidate, CandidateKind
     from kopt.agent.kb import KnowledgeBase, Status, current_environment
-    from kopt.agent.pipeline_choice import from_candidate
+    from kopt.agent.pipeline_choice import best_accepted, from_candidate
 
-    found: dict[str, tuple[Any, Any]] = {}
+    per_graph: dict[str, list[Any]] = {}
     with KnowledgeBase(path) as kb:
         for record in kb.latest(environment=current_environment()):
             if record.status is not Status.ACCEPTED or record.candidate["kind"] != CandidateKind.PASS_CHOICE.value:
                 continue
             candidate = Candidate.from_dict(record.candidate)
-            if from_candidate(candidate).base != tuple(base):
-                continue
-            best = found.get(candidate.region_signature)
-            if best is None or (record.e2e.median if record.e2e else 0) > (best[1].e2e.median if best[1].e2e else 0):
-                found[candidate.region_signature] = (candidate, record)
-    return found
+            if from_candidate(candidate).base == tuple(base):
+                per_graph.setdefault(candidate.region_signature, []).append(record)
+    best = {signature: best_accepted(records) for signature, records in per_graph.items()}
+    return {signature: (Candidate.from_dict(record.candidate), record) for signature, record in best.items()}
 
 
 class ChosenPass(Pass):

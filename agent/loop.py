@@ -139,11 +139,17 @@ def _lesson(kb: KnowledgeBase, region: Any, evaluation: Evaluation, record: Any)
 
 
 def _resume(kb: KnowledgeBase, signatures: Sequence[str], environment: Any) -> dict[str, Candidate]:
+    """What a resumed run starts on top of, per signature: the best accepted record (a graph's pipeline
+    choices by their chain's speedup against the base, :func:`kopt.agent.pipeline_choice.best_accepted`)."""
+    from kopt.agent.pipeline_choice import best_accepted
+
     accepted = {}
     for signature in signatures:
-        best = kb.accepted(signature, environment)
-        if best:
-            accepted[signature] = Candidate.from_dict(best[0].candidate)
+        found = kb.accepted(signature, environment)
+        choices = [r for r in found if r.candidate["kind"] == CandidateKind.PASS_CHOICE.value]
+        best = best_accepted(choices) if choices else (found[0] if found else None)
+        if best is not None:
+            accepted[signature] = Candidate.from_dict(best.candidate)
     return accepted
 
 

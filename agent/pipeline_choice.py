@@ -156,6 +156,35 @@ def from_candidate(candidate: Candidate) -> PipelineChoice:
     return PipelineChoice.from_dict(json.loads(candidate.source))
 
 
+def chain(choice: PipelineChoice) -> str:
+    """The changes this choice stands for, in the order they were kept: what a choice measured on top
+    of it records as its ``on_top_of`` (:meth:`PipelineChoice.applied_to` joins them the same way)."""
+    return " + ".join(c for c in (choice.on_top_of, choice.change) if c)
+
+
+def best_accepted(records: Sequence[Any]) -> Any | None:
+    """The accepted pipeline choice of one graph (``records``: its accepted records, one base) that is
+    fastest against the base pass list, or None.
+
+    A choice measured on top of another one was timed against that one, not against the base: its
+    end-to-end speedup is relative. So each record counts its own speedup times that of the record
+    it was measured on top of (found by :func:`chain`), and so on down to the base; ranking the raw
+    speedups would prefer an early, large win over the composite that was measured to beat it. A
+    record whose predecessor is missing (rejected since, or from another KB) counts its own speedup."""
+    by_chain: dict[str, Any] = {}
+    for record in records:
+        by_chain.setdefault(chain(from_candidate(Candidate.from_dict(record.candidate))), record)
+
+    def total(record: Any, depth: int) -> float:
+        own = record.e2e.median if record.e2e else 1.0
+        below = by_chain.get(from_candidate(Candidate.from_dict(record.candidate)).on_top_of)
+        if below is None or below is record or depth > len(records):
+            return own
+        return own * total(below, depth + 1)
+
+    return max(records, key=lambda r: total(r, 0), default=None)
+
+
 def structural_copy(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of the graph sharing the module's tensors (weights are not duplicated)."""
     graph = torch.fx.Graph()

@@ -210,3 +210,35 @@ def test_gemma2_layers_at_full_head_width_lower_with_the_kernel_on_the_gpu():
         got = compiled(input_ids=ids, **kwargs)[0]
     assert compiled.kopt_report.matches("fuse-attention") == 1
     assert rel_err(got, exact) <= BOUND_FACTOR * rel_err(eager, exact) + FLOOR["bf16"]
+
+
+def test_the_agent_accepts_fuse_attention_on_tiny_gemma2_and_kopt_compile_applies_it(tmp_path):
+    """The user's path on the cost model: ``optimize`` proposes ``add fuse-attention`` for Gemma 2's block
+    graph and keeps it; ``kopt.compile(passes="auto", regional=True, kb=...)`` then finds that choice
+    by the block graph's signature, re-verifies it and fuses the attention; the output stays as close to
+    float64 as eager's."""
+    from benchmarks.dit.zoo import BOUND_FACTOR, FLOOR
+    from kopt.agent.candidate import CandidateKind
+    from kopt.agent.kb import Status
+    from kopt.agent.loop import optimize
+
+    model = _gemma2_tiny(torch.float32)
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(5))
+    kwargs = dict(attention_mask=torch.ones(1, 16, dtype=torch.int64), use_cache=False, return_dict=False)
+    kb_path = tmp_path / "kb.sqlite"
+    result = optimize(model, dict(input_ids=ids, **kwargs), budget_min=3, kb_path=kb_path, regional=True,
+                      clock="cost-model", progress=False, workers=1)
+    accepted = [e.candidate for e in result.evaluations
+                if e.status is Status.ACCEPTED and e.candidate.kind is CandidateKind.PASS_CHOICE]
+    assert any(dict(c.params).get("change") == "add fuse-attention" for c in accepted), [c.params for c in accepted]
+    reference_model = copy.deepcopy(model).double()
+    compiled = kopt.compile(model, passes="auto", regional=True, lower="eager", kb=kb_path, check_lowering=False,
+                            progress=False)
+    with torch.no_grad():
+        got = compiled(input_ids=ids, **kwargs)[0]
+        exact = reference_model(input_ids=ids, **kwargs)[0]
+        eager = model(input_ids=ids, **kwargs)[0]
+    records = {p.name: p for g in compiled.kopt_report.graphs for p in g.passes}
+    assert any("KB pipeline choice re-verified" in n for n in records["kb-pipeline"].notes)
+    assert compiled.kopt_report.matches("fuse-attention") == 1
+    assert rel_err(got, exact) <= BOUND_FACTOR * rel_err(eager, exact) + FLOOR["fp32"]

@@ -13,8 +13,16 @@ from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.cost_model import CostModel
 from kopt.agent.graphs import capture_graphs
 from kopt.agent.kb import KnowledgeBase, Status
-from kopt.agent.kb.records import Measurement
-from kopt.agent.pipeline_choice import PipelineChoice, from_candidate, output_checks, random_args, run_choice
+from kopt.agent.kb.records import CandidateRecord, Measurement
+from kopt.agent.pipeline_choice import (
+    PipelineChoice,
+    best_accepted,
+    from_candidate,
+    output_checks,
+    random_args,
+    run_choice,
+    to_candidate,
+)
 from kopt.agent.propose.pipeline import attention_choices, base_pipeline, pass_choices
 from kopt.agent.sdpa_backend import SDPA_OP
 from kopt.passes.base import Contract
@@ -64,6 +72,31 @@ def test_choices_compose_on_what_was_kept():
     both = changes["add codegen-fuse"].applied_to(changes["drop bias-absorption"])
     assert "bias-absorption" not in both.passes and both.passes[-2:] == ("codegen-fuse", "staging")
     assert both.on_top_of == "drop bias-absorption" and both.base == base
+
+
+def _accepted(choice: PipelineChoice, speedup: float, at: float) -> CandidateRecord:
+    candidate = to_candidate("a" * 64, choice)
+    return CandidateRecord(candidate.to_dict(), candidate.content_hash, "a" * 64, "env", Status.ACCEPTED, "win", None,
+                           None, Measurement("speedup", speedup, speedup * 0.99, speedup * 1.01, 20), None, at)
+
+
+def test_the_best_choice_counts_the_speedups_it_was_measured_on_top_of():
+    """A choice kept on top of another was timed against that one: 1.2x on top of 2.0x is 2.4x against the
+    base, ahead of the 2.0x alone and of a 2.2x kept on its own; a choice whose predecessor is gone counts
+    its own speedup; the order records come in does not matter."""
+    base = base_pipeline()
+    changes = {c.change: c for c in pass_choices(base)}
+    first = changes["add codegen-fuse"]
+    on_top = changes["add fuse-attention"].applied_to(first)
+    alone = changes["drop bias-absorption"]
+    orphan = changes["add split-concat-linear"].applied_to(changes["drop residual-fp32"])  # its base record is gone
+    records = [_accepted(first, 2.0, 1.0), _accepted(on_top, 1.2, 2.0), _accepted(alone, 2.2, 3.0),
+               _accepted(orphan, 2.3, 4.0)]
+    for order in (records, records[::-1]):
+        assert from_candidate(Candidate.from_dict(best_accepted(order).candidate)).change == "add fuse-attention"
+    assert from_candidate(Candidate.from_dict(best_accepted(records[:1] + records[2:]).candidate)).change \
+        == "add split-concat-linear"
+    assert best_accepted([]) is None
 
 
 def test_region_variants_no_faster_than_the_kept_one_stop_at_the_micro_step(tmp_path):
