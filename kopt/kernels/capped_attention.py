@@ -16,10 +16,12 @@ and read several times; here they never leave the chip (FlashAttention's online 
 
 Masked tiles are skipped without knowing the mask's shape: :func:`_live_keys_kernel` reads the mask
 once per call (one program per tile) and records, per tile of BLOCK_M query rows, the first and last
-tile of BLOCK_N keys holding any entry that is not −inf; the attention loop runs over that span only. A causal or
-sliding-window mask then costs about half the work of a full one, and a mask with holes is simply
-computed (a −inf entry contributes exp(−inf) = 0 either way). A NaN in the mask is not −inf, so its
-tile is kept and the NaN reaches the output, as in the model's softmax.
+tile of BLOCK_N keys holding any entry that is not −inf, and the first and last holding any entry that
+is not 0; the attention runs over the first span only, and adds the mask only within the second (the
+tiles between hold zeros: a causal mask is read on its diagonal only). A causal or sliding-window mask
+then costs about half the work of a full one, and a mask with holes is simply computed (a −inf entry
+contributes exp(−inf) = 0 either way). A NaN in the mask is neither −inf nor 0, so its tile is kept
+and the NaN reaches the output, as in the model's softmax.
 
 Numerics: logits, cap, mask and softmax in float32 (the model rounds its logits to bf16 after the GEMM
 and after each step: up to 0.125 of absolute error at a cap of 50); probabilities are rounded to V's
@@ -71,13 +73,18 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 
 # ----------------------------------------------------------------------------- kernels
+SPAN_INTS = 4  # int32 per row tile: S_k − first key seen, end of the keys seen, the same for the keys masked
+_SPAN = tl.constexpr(SPAN_INTS)
+
+
 @triton.jit
 def _live_keys_kernel(bias_ptr, span_ptr, S_q, S_k, n_heads, stride_b, stride_h, stride_m, stride_n,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One (BLOCK_M x BLOCK_N) tile of one (batch, head) of the mask: if any entry is not −inf, widen
-    its row tile's key span to cover it. A span is two int32 at ``span_ptr`` + 2·(the row tile's
-    index), zeroed before: (S_k − first key, end key), both raised by atomic max, so a row tile that
-    sees no key keeps [S_k, 0), an empty loop. One program per tile: the whole mask is read at once."""
+    """One (BLOCK_M x BLOCK_N) tile of one (batch, head) of the mask: widen its row tile's spans to
+    cover it — the keys *seen* if any entry is not −inf, the keys *masked* if any entry is not 0 (the
+    tiles whose logits the mask changes). A row tile's spans are SPAN_INTS int32 at ``span_ptr`` +
+    SPAN_INTS·(its index), zeroed before: (S_k − first, end) of each, raised by atomic max, so a row tile
+    that sees no key keeps [S_k, 0), an empty loop. One program per tile: the mask is read at once."""
     bh = tl.program_id(0)
     tile_m = tl.program_id(1)
     start = tl.program_id(2) * BLOCK_N
@@ -87,53 +94,23 @@ def _live_keys_kernel(bias_ptr, span_ptr, S_q, S_k, n_heads, stride_b, stride_h,
     inside = (rows < S_q)[:, None] & (cols < S_k)[None, :]
     x = tl.load(base + rows[:, None].to(tl.int64) * stride_m + cols[None, :] * stride_n, mask=inside,
                 other=float("-inf"))
+    span = span_ptr + (bh * tl.num_programs(1) + tile_m) * _SPAN
     if tl.sum((x != float("-inf")).to(tl.int32)) > 0:  # NaN counts as seen
-        span = span_ptr + (bh * tl.num_programs(1) + tile_m) * 2
         tl.atomic_max(span, S_k - start)
         tl.atomic_max(span + 1, start + BLOCK_N)
+    if tl.sum((tl.where(inside, x, 0.0) != 0.0).to(tl.int32)) > 0:  # and as masked
+        tl.atomic_max(span + 2, S_k - start)
+        tl.atomic_max(span + 3, start + BLOCK_N)
 
 
 @triton.jit
-def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H, GROUPS, S_q, S_k, D,
-                             pre, post, bias_heads, spans_per_head,
-                             stride_qb, stride_qh, stride_qm, stride_qd,
-                             stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd,
-                             stride_bb, stride_bh, stride_bm, stride_bn,
-                             stride_ob, stride_oh, stride_om, stride_od,
-                             HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                             UPCAST: tl.constexpr, EVEN_D: tl.constexpr, FAST: tl.constexpr):
-    tile_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    kv_head = h // GROUPS
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
+def _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, first, end, S_k, pre, post, dims, dim_in, row_in,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_bn,
+            MASKED: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+            UPCAST: tl.constexpr, FAST: tl.constexpr):
+    """The online softmax over key tiles [first, end): (acc, m_i, l_i) updated. ``MASKED``: add the
+    mask's tile to the logits (the others are known to be all zero there)."""
     keys = tl.arange(0, BLOCK_N)
-    row_in = rows < S_q
-    dim_in = dims < D
-    if EVEN_D:  # the head dim is the tile's: no lane of it to mask (fewer predicates held in registers)
-        dim_in = dims < BLOCK_D
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
-                mask=row_in[:, None] & dim_in[None, :], other=0.0)
-    if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly: products in float32 there
-        q = q.to(tl.float32)
-    first = 0
-    end = S_k
-    if HAS_BIAS:
-        bias_b = tl.where(stride_bb == 0, 0, b)  # the span of this (batch, head) of the mask
-        bias_h = tl.where(stride_bh == 0, 0, h)
-        span = span_ptr + ((bias_b * bias_heads + bias_h) * spans_per_head + tile_m) * 2
-        first = S_k - tl.load(span)
-        end = tl.load(span + 1)
-        bias_rows = bias_ptr + b * stride_bb + h * stride_bh + rows[:, None] * stride_bm
-    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
-    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(first, end, BLOCK_N):
         cols = start + keys
         col_in = cols < S_k
@@ -146,7 +123,7 @@ def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H
             s = post * tanh(s * pre, FAST)
         else:
             s = s * pre
-        if HAS_BIAS:
+        if MASKED:
             s += tl.load(bias_rows + cols[None, :] * stride_bn, mask=row_in[:, None] & col_in[None, :],
                          other=0.0).to(tl.float32)
         s = tl.where(col_in[None, :], s, float("-inf"))
@@ -163,6 +140,66 @@ def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H, GROUPS, S_q, S_k, D,
+                             pre, post, bias_heads, spans_per_head,
+                             stride_qb, stride_qh, stride_qm, stride_qd,
+                             stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_vb, stride_vh, stride_vn, stride_vd,
+                             stride_bb, stride_bh, stride_bm, stride_bn,
+                             stride_ob, stride_oh, stride_om, stride_od,
+                             HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                             UPCAST: tl.constexpr, EVEN_D: tl.constexpr, FAST: tl.constexpr):
+    # With a mask, each row tile's keys are three loops: the seen tiles before the first that the mask
+    # changes, those it changes (the diagonal of a causal mask), the seen tiles after — only the middle
+    # one loads the mask, the others hold no mask tile in registers (FlashAttention's causal split,
+    # found here from the mask's values, not its kind).
+    tile_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    kv_head = h // GROUPS
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_in = rows < S_q
+    dim_in = dims < D
+    if EVEN_D:  # the head dim is the tile's: no lane of it to mask (fewer predicates held in registers)
+        dim_in = dims < BLOCK_D
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
+                mask=row_in[:, None] & dim_in[None, :], other=0.0)
+    if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly: products in float32 there
+        q = q.to(tl.float32)
+    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+    bias_rows = bias_ptr + b * stride_bb + h * stride_bh + rows[:, None] * stride_bm
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:
+        bias_b = tl.where(stride_bb == 0, 0, b)  # the spans of this (batch, head) of the mask
+        bias_h = tl.where(stride_bh == 0, 0, h)
+        span = span_ptr + ((bias_b * bias_heads + bias_h) * spans_per_head + tile_m) * _SPAN
+        first = S_k - tl.load(span)
+        end = tl.load(span + 1)
+        masked_first = tl.minimum(tl.maximum(S_k - tl.load(span + 2), first), end)
+        masked_end = tl.maximum(tl.minimum(tl.load(span + 3), end), masked_first)
+        acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, first, masked_first, S_k, pre, post,
+                                dims, dim_in, row_in, stride_kn, stride_kd, stride_vn, stride_vd, stride_bn,
+                                False, SOFTCAP, BLOCK_N, PRECISION, UPCAST, FAST)
+        acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, masked_first, masked_end, S_k, pre,
+                                post, dims, dim_in, row_in, stride_kn, stride_kd, stride_vn, stride_vd, stride_bn,
+                                True, SOFTCAP, BLOCK_N, PRECISION, UPCAST, FAST)
+        acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, masked_end, end, S_k, pre, post,
+                                dims, dim_in, row_in, stride_kn, stride_kd, stride_vn, stride_vd, stride_bn,
+                                False, SOFTCAP, BLOCK_N, PRECISION, UPCAST, FAST)
+    else:
+        acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, 0, S_k, S_k, pre, post,
+                                dims, dim_in, row_in, stride_kn, stride_kd, stride_vn, stride_vd, stride_bn,
+                                False, SOFTCAP, BLOCK_N, PRECISION, UPCAST, FAST)
     out = acc / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & dim_in[None, :])
@@ -251,7 +288,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     def run(cfg: Config, dst: torch.Tensor) -> None:
         block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
         tiles_m = triton.cdiv(s_q, block_m)
-        spans = torch.zeros((bias_batches * bias_heads * tiles_m * 2,), dtype=torch.int32, device=q.device)
+        spans = torch.zeros((bias_batches * bias_heads * tiles_m * SPAN_INTS,), dtype=torch.int32, device=q.device)
         if full_bias is not None:
             _live_keys_kernel[(bias_batches * bias_heads, tiles_m, triton.cdiv(s_k, block_n))](
                 full_bias, spans, s_q, s_k, bias_heads, *bias_strides, BLOCK_M=block_m, BLOCK_N=block_n)

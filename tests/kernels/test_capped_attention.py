@@ -37,6 +37,10 @@ def _mask(kind, s_q, s_k, seed=0, window=5):
     elif kind == "random":
         g = torch.Generator().manual_seed(seed)
         return torch.randn(1, 1, s_q, s_k, generator=g)
+    elif kind == "holes":  # causal, with a band of nonzero values far left of the diagonal and zeros between
+        mask = torch.where(j <= i, 0.0, NEG)
+        mask[:, 2:5] = torch.where(j[:, 2:5] <= i, 0.7, NEG)
+        return mask[None, None]
     else:
         raise ValueError(kind)
     return torch.where(seen, 0.0, NEG)[None, None]
@@ -47,7 +51,7 @@ def _exact(q, k, v, bias, scale, softcap):
 
 
 @pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "capped"])
-@pytest.mark.parametrize("mask", [None, "causal", "window", "padding", "random"])
+@pytest.mark.parametrize("mask", [None, "causal", "window", "padding", "random", "holes"])
 def test_kernel_matches_float64_attention(softcap, mask):
     q, k, v = _qkv(2, 4, 2, 37, 53, 16, seed=1)
     bias = None if mask is None else _mask(mask, 37, 53, seed=2)
@@ -62,6 +66,17 @@ def test_every_launch_config_matches_float64_attention(config):
     bias = _mask("window", 70, 90, window=40)
     out = mod.launch(q, k, v, bias, 0.25, 3.0, config=config)
     assert rel_err(out, _exact(q, k, v, bias, 0.25, 3.0)) < 1e-5
+
+
+@pytest.mark.parametrize("mask", ["causal", "holes", "window"])
+def test_long_masks_split_into_tiles_with_and_without_the_mask_match_float64(mask):
+    """150 tokens over 32-key tiles: row tiles far from the diagonal run most key tiles without reading the
+    mask (causal), or read it from the first tile on (holes), and both give float64's answer."""
+    q, k, v = _qkv(1, 2, 1, 150, 150, 16, seed=12)
+    bias = _mask(mask, 150, 150, window=70)
+    config = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    out = mod.launch(q, k, v, bias, 0.3, 5.0, config=config)
+    assert rel_err(out, _exact(q, k, v, bias, 0.3, 5.0)) < 1e-5
 
 
 def test_bf16_is_closer_to_float64_than_the_model_s_bf16_arithmetic():
@@ -90,16 +105,32 @@ def test_a_mask_broadcast_per_batch_and_head_uses_each_one_s_rows():
     assert rel_err(out, _exact(q, k, v, bias, 0.5, None)) < 1e-5
 
 
-def test_spans_cover_exactly_the_tiles_with_a_key_seen():
-    bias = _mask("window", 96, 96, window=20)
-    bias[..., 70:75, :] = NEG  # and some rows see nothing
-    bias[..., 64:96, :] = NEG
-    spans = torch.zeros(2 * 3, dtype=torch.int32)  # 96 rows = three 32-row tiles, one (batch, head)
-    b = bias.expand(1, 1, 96, 96)
-    mod._live_keys_kernel[(1, 3, 6)](b, spans, 96, 96, 1, *b.stride(), BLOCK_M=32, BLOCK_N=16)
-    # rows 0-31 see keys 0-31; rows 32-63 see keys 13-63 (16-key tiles); rows 64-95 see none: [96, 0)
-    first_and_end = [[96 - first_back, end] for first_back, end in spans.view(3, 2).tolist()]
-    assert first_and_end == [[0, 32], [0, 64], [96, 0]]
+def _spans(bias, s, block_m=32, block_n=16):
+    """Per row tile: the keys seen [first, end) and, within them, the keys the mask changes, as the kernel
+    clips them."""
+    tiles = s // block_m
+    spans = torch.zeros(mod.SPAN_INTS * tiles, dtype=torch.int32)
+    b = bias.expand(1, 1, s, s)
+    mod._live_keys_kernel[(1, tiles, s // block_n)](b, spans, s, s, 1, *b.stride(), BLOCK_M=block_m, BLOCK_N=block_n)
+    out = []
+    for first_back, end, masked_back, masked_end in spans.view(tiles, 4).tolist():
+        first = s - first_back
+        masked_first = min(max(s - masked_back, first), end)
+        out.append(((first, end), (masked_first, max(min(masked_end, end), masked_first))))
+    return out
+
+
+def test_spans_cover_exactly_the_tiles_with_a_key_seen_and_those_the_mask_changes():
+    window = _mask("window", 96, 96, window=20)
+    window[..., 64:96, :] = NEG  # and the last rows see nothing
+    # rows 0-31 see keys 0-31; rows 32-63 see keys 13-63 (16-key tiles) and the window's left edge and the
+    # diagonal both need the mask there; rows 64-95 see nothing: an empty loop [96, 0)
+    assert [seen for seen, _ in _spans(window, 96)] == [(0, 32), (0, 64), (96, 0)]
+    assert [masked for _, masked in _spans(window, 96)][:2] == [(0, 32), (0, 64)]
+    # a causal mask changes only the tiles on the diagonal: those before it run without reading the mask
+    assert _spans(_mask("causal", 96, 96), 96) == [((0, 32), (0, 32)), ((0, 64), (32, 64)), ((0, 96), (64, 96))]
+    holes = _mask("holes", 96, 96)  # nonzero values on keys 2-4: the mask is read from the first tile on
+    assert [masked for _, masked in _spans(holes, 96)] == [(0, 32), (0, 64), (0, 96)]
 
 
 def test_a_query_row_with_every_key_masked_gives_nan_like_the_model_s_softmax():
