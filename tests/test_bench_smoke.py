@@ -505,3 +505,23 @@ def test_a_profiled_warm_compile_names_where_its_time_went(capsys):
     with profiled(0):
         _spends_time_in_a_named_helper()
     assert capsys.readouterr().err == ""
+
+
+def test_a_failing_launch_config_is_a_row_with_its_error_and_the_table_goes_on():
+    """benchmarks/micro/harness.py: a config that raises gives a row with its reason and no numbers."""
+    import torch as _torch
+
+    from benchmarks.micro import harness
+
+    def broken():
+        raise RuntimeError("out of resources: shared memory\nmore")
+
+    label = dict(model="m", shape="s")
+    row = harness.timed_row(label, "kernel", "cfg", broken, None, 1, _torch.device("cpu"))
+    assert row["error"] == "out of resources: shared memory" and row["ms"] is None
+    x = _torch.randn(8, 8)
+    good = harness.timed_row(label, "kernel", "cfg", lambda: x * 2, x.double() * 2, 64, _torch.device("cpu"))
+    assert good["rel_err"] == 0.0 and good["ms"] > 0
+    lines = harness.kernel_table([row, good])
+    assert lines[0].endswith("| – | – | – | failed: out of resources: shared memory")
+    assert "| 0.00e+00 |" in lines[1]

@@ -35,17 +35,6 @@ SHAPES = (("flux2", 1, 48, 4608, 512, 0), ("qwen-image", 1, 24, 4352, 256, 64), 
 TINY = (("tiny", 1, 2, 100, 20, 10),)
 
 
-def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.Tensor, flops: int,
-         device: torch.device) -> dict[str, Any]:
-    out = fn()
-    error = ((out.double() - exact.double()).norm() / exact.double().norm()).item()
-    ms = micro.replay_ms(fn, device)
-    row = dict(label, kernel=kernel, config=config, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=error)
-    print(f"{row['model']:<10} {kernel:<10} {config:<50} {ms:8.4f} ms {row['tflops']:7.1f} TFLOP/s rel {error:.2e}",
-          flush=True)
-    return row
-
-
 def measure_shape(model: str, b: int, h: int, s: int, text: int, masked: int,
                   device: torch.device) -> list[dict[str, Any]]:
     """torch's bf16 SDPA, then the FP8 kernel under each launch config, on one shape; with a mask,
@@ -64,27 +53,19 @@ def measure_shape(model: str, b: int, h: int, s: int, text: int, masked: int,
         q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float())
     flops = 4 * b * h * s * s * head_dim
     label = dict(model=model, shape=f"B{b} H{h} S{s} D{head_dim}")
-    rows = [_row(label, "sdpa bf16", "torch's choice (cuDNN / flash)",
-                 lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), exact, flops,
-                 device)]
+    rows = [micro.timed_row(label, "sdpa bf16", "torch's choice (cuDNN / flash)",
+                            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                            exact, flops, device)]
     configs = fp8_attention.candidates() if device.type == "cuda" else fp8_attention.candidates()[:1]
     windows = [None, (0, text)] if key_bias is not None else [None]
     for config, window in ((c, w) for c in configs for w in windows):
         name = ",".join(f"{key}={value}" for key, value in config.items())
         name += f",window={window[0]}:{window[1]}" if window else ""
-        try:
-            rows.append(_row(label, "kopt fp8", name,
-                             lambda config=config, window=window: fp8_attention.launch(
-                                 q, k, v, key_bias, config=config, bias_window=window), exact, flops, device))
-        except Exception as error:  # noqa: BLE001 - a config that does not compile: report it, time the rest
-            reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
-            print(f"{model:<10} kopt fp8   {name:<50} failed: {reason}", flush=True)
-            rows.append(dict(label, kernel="kopt fp8", config=name, ms=None, tflops=None, rel_err=None, error=reason))
+        rows.append(micro.timed_row(label, "kopt fp8", name,
+                                    lambda config=config, window=window: fp8_attention.launch(
+                                        q, k, v, key_bias, config=config, bias_window=window),
+                                    exact, flops, device))
     return rows
-
-
-def _cell(value: float | None, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
 
 
 def run(shapes: tuple[tuple[str, int, int, int, int], ...], device: torch.device) -> list[dict[str, Any]]:
@@ -94,14 +75,10 @@ def run(shapes: tuple[tuple[str, int, int, int, int], ...], device: torch.device
 def main() -> None:
     device, out, tiny = micro.parse_args(__doc__.splitlines()[0])
     rows = run(TINY if tiny else SHAPES, device)
-    table = [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {_cell(r['ms'], '.4f')} "
-             f"| {_cell(r['tflops'], '.0f')} | {_cell(r['rel_err'], '.2e')} |"
-             + (f" failed: {r['error']}" if r.get("error") else "") for r in rows]
+    table = micro.kernel_table(rows)
     print(micro.write(out, "attention", "Attention",
                       "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA.",
-                      ["| model | shape | kernel | config | ms | TFLOP/s | rel err |",
-                       "|---|---|---|---|---:|---:|---:|"],
-                      table, rows, device))
+                      micro.KERNEL_HEADER, table, rows, device))
 
 
 if __name__ == "__main__":

@@ -87,10 +87,6 @@ def measure_shape(model: str, b: int, h: int, s: int, d: int, device: torch.devi
     return rows
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
 def _strides(row: dict[str, Any]) -> str:
     return " ".join(str(tuple(x)) for x in row["strides"])
 
@@ -100,7 +96,7 @@ def main() -> None:
     backends = ("cudnn", "flash", "efficient") if device.type == "cuda" else ("math",)
     rows = [r for shape in (TINY if tiny else SHAPES) for r in measure_shape(*shape, device=device, backends=backends)]
     table = [f"| {r['model']} | {r['shape']} | {r['backend']} | {r['layout']} {_strides(r)} | "
-             f"{_cell(r['ms'], '.4f')} | {_cell(r['tflops'], '.0f')} | {_cell(r['rel_err'], '.2e')} |"
+             f"{micro.cell(r['ms'], '.4f')} | {micro.cell(r['tflops'], '.0f')} | {micro.cell(r['rel_err'], '.2e')} |"
              + (f" failed: {r['error']}" if r.get("error") else "") for r in rows]
     print(micro.write(out, "attention_layout", "bf16 SDPA by backend and input layout",
                       "GPU time of one call (CUDA-graph replay, median); rel err against float32 SDPA. "

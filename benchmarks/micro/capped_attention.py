@@ -47,18 +47,6 @@ def spelled_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
     return torch.matmul(p, v)
 
 
-def _row(label: dict[str, Any], kernel: str, config: str, fn: Any, exact: torch.Tensor | None, flops: int,
-         device: torch.device) -> dict[str, Any]:
-    out = fn()
-    error = None if exact is None else ((out.double() - exact.double()).norm() / exact.double().norm()).item()
-    ms = micro.replay_ms(fn, device)
-    row = dict(label, kernel=kernel, config=config, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=error)
-    rel = "–" if error is None else f"{error:.2e}"
-    print(f"{row['model']:<10} {kernel:<22} {config:<40} {ms:8.4f} ms {row['tflops']:7.1f} TFLOP/s rel {rel}",
-          flush=True)
-    return row
-
-
 def measure_shape(model: str, b: int, h: int, h_kv: int, s: int, d: int, scalar: int, cap: float,
                   device: torch.device) -> list[dict[str, Any]]:
     g = torch.Generator(device=device).manual_seed(s)
@@ -70,48 +58,35 @@ def measure_shape(model: str, b: int, h: int, h_kv: int, s: int, d: int, scalar:
     exact = capped_attention.reference(q.float(), k.float(), v.float(), mask.float(), scale, cap)
     flops = 4 * b * h * s * s * d
     label = dict(model=model, shape=f"B{b} H{h}/{h_kv} S{s} D{d} cap {cap:g}")
-    rows = [_row(label, "spelled out, eager", "transformers' eager path",
-                 lambda: spelled_out(q, k, v, mask, scale, cap), exact, flops, device)]
+    rows = [micro.timed_row(label, "spelled out, eager", "transformers' eager path",
+                            lambda: spelled_out(q, k, v, mask, scale, cap), exact, flops, device)]
     if device.type == "cuda":
         compiled = torch.compile(spelled_out, dynamic=False)
-        rows.append(_row(label, "spelled out, Inductor", "torch.compile (what a regional compile lowers)",
-                         lambda: compiled(q, k, v, mask, scale, cap), exact, flops, device))
-        rows.append(_row(label, "sdpa, no cap", "torch's choice, is_causal (not the same computation)",
-                         lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                                                   enable_gqa=True),
-                         None, flops, device))
-    rows.append(_row(label, "kopt fused", "autotuned", lambda: capped_attention.launch(q, k, v, mask, scale, cap),
-                     exact, flops, device))
+        rows.append(micro.timed_row(label, "spelled out, Inductor", "torch.compile (what a regional compile lowers)",
+                                    lambda: compiled(q, k, v, mask, scale, cap), exact, flops, device))
+        rows.append(micro.timed_row(label, "sdpa, no cap", "torch's choice, is_causal (not the same computation)",
+                                    lambda: torch.nn.functional.scaled_dot_product_attention(
+                                        q, k, v, is_causal=True, scale=scale, enable_gqa=True),
+                                    None, flops, device))
+    rows.append(micro.timed_row(label, "kopt fused", "autotuned",
+                                lambda: capped_attention.launch(q, k, v, mask, scale, cap), exact, flops, device))
     configs = capped_attention.candidates(d) if device.type == "cuda" else capped_attention.candidates(d)[:1]
     for config in configs:
-        try:
-            rows.append(_row(label, "kopt fused", config_name(config),
-                             lambda config=config: capped_attention.launch(q, k, v, mask, scale, cap, config=config),
-                             exact, flops, device))
-        except Exception as error:  # noqa: BLE001 - a config that does not compile: report it, time the rest
-            reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
-            print(f"{model:<10} kopt fused {config_name(config):<40} failed: {reason}", flush=True)
-            rows.append(dict(label, kernel="kopt fused", config=config_name(config), ms=None, tflops=None,
-                             rel_err=None, error=reason))
+        rows.append(micro.timed_row(label, "kopt fused", config_name(config),
+                                    lambda config=config: capped_attention.launch(q, k, v, mask, scale, cap,
+                                                                                  config=config),
+                                    exact, flops, device))
     return rows
-
-
-def _cell(value: float | None, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
 
 
 def main() -> None:
     device, out, tiny = micro.parse_args(__doc__.splitlines()[0])
     rows = [row for shape in (TINY if tiny else SHAPES) for row in measure_shape(*shape, device=device)]
-    table = [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {_cell(r['ms'], '.4f')} "
-             f"| {_cell(r['tflops'], '.0f')} | {_cell(r['rel_err'], '.2e')} |"
-             + (f" failed: {r['error']}" if r.get("error") else "") for r in rows]
+    table = micro.kernel_table(rows)
     print(micro.write(out, "capped_attention", "Soft-capped attention (Gemma 2)",
                       "GPU time of one call (CUDA-graph replay, median); rel err against float32 attention; "
                       "TFLOP/s count every key (causal: half are masked).",
-                      ["| model | shape | kernel | config | ms | TFLOP/s | rel err |",
-                       "|---|---|---|---|---:|---:|---:|"],
-                      table, rows, device))
+                      micro.KERNEL_HEADER, table, rows, device))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,41 @@ def replay_ms(fn: Callable[[], Any], device: torch.device) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
 
 
+def cell(value: float | None, spec: str) -> str:
+    """A table cell: "–" where nothing was measured, else ``value`` in the format ``spec``."""
+    return "–" if value is None else format(value, spec)
+
+
+def timed_row(label: dict[str, Any], kernel: str, config: str, fn: Callable[[], Any], exact: Any, flops: int,
+              device: torch.device) -> dict[str, Any]:
+    """One kernel row: ``fn``'s GPU time (:func:`replay_ms`), its TFLOP/s for ``flops``, and its relative
+    error against ``exact`` (None: not the same computation, no error to give); printed as it is taken. A
+    launch config that fails (does not compile, runs out of resources) gives a row with its ``error``
+    and no numbers, so the other configs are still timed."""
+    try:
+        out = fn()
+        ms = replay_ms(fn, device)
+    except Exception as failure:  # noqa: BLE001 - reported in the row, the rest of the table goes on
+        reason = (str(failure).splitlines() or [type(failure).__name__])[0][:160]
+        print(f"{label['model']:<10} {kernel:<22} {config:<50} failed: {reason}", flush=True)
+        return dict(label, kernel=kernel, config=config, ms=None, tflops=None, rel_err=None, error=reason)
+    error = None if exact is None else ((out.double() - exact.double()).norm() / exact.double().norm()).item()
+    row = dict(label, kernel=kernel, config=config, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=error)
+    print(f"{row['model']:<10} {kernel:<22} {config:<50} {ms:8.4f} ms {row['tflops']:7.1f} TFLOP/s "
+          f"rel {cell(error, '.2e')}", flush=True)
+    return row
+
+
+KERNEL_HEADER = ("| model | shape | kernel | config | ms | TFLOP/s | rel err |", "|---|---|---|---|---:|---:|---:|")
+
+
+def kernel_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The rows of :func:`timed_row` (and failed configs, with their ``error``) under :data:`KERNEL_HEADER`."""
+    return [f"| {r['model']} | {r['shape']} | {r['kernel']} | {r['config']} | {cell(r['ms'], '.4f')} "
+            f"| {cell(r['tflops'], '.0f')} | {cell(r['rel_err'], '.2e')} |"
+            + (f" failed: {r['error']}" if r.get("error") else "") for r in rows]
+
+
 def write(out_dir: Path, stem: str, title: str, intro: str, header: Sequence[str], table: Sequence[str],
           rows: list[dict[str, Any]], device: torch.device) -> str:
     """``<stem>.json`` (meta + rows) and ``<stem>.md`` (title, intro, the table); returns the markdown."""
