@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from kopt.fx.graph_utils import RESHAPES, meta_value, replace
+from kopt.fx.graph_utils import RESHAPES, meta_value, only_user, replace
 from kopt.fx.symbolic import static_int
 from kopt.kernels import capped_attention as _registers_the_op  # noqa: F401  (torch.ops.kopt.capped_attention)
 from kopt.passes.base import Contract, Pass, PassContext, accepted_matches
@@ -56,10 +56,6 @@ class Spelled:
     softcap: float | None
     output: torch.fx.Node  # the (B, H, S_q, D) view of the second product, or the product itself
     output_shape: list[int]
-
-
-def _sole(node: torch.fx.Node) -> bool:
-    return len(node.users) == 1
 
 
 def _behind_view(node: object, ndim: int) -> torch.fx.Node | None:
@@ -141,7 +137,7 @@ def _logit_steps(top: torch.fx.Node) -> tuple[torch.fx.Node, list[tuple[str, obj
     steps: list[tuple[str, object]] = []
     node = top
     while not _is_product_view(node):
-        if not _sole(node):
+        if only_user(node) is None:
             return "an intermediate of the logits is read elsewhere (the model needs it: output_attentions?)"
         found = _step(node)
         if found is None:
@@ -184,12 +180,12 @@ def _unrepeated(k: torch.fx.Node, heads: int) -> tuple[torch.fx.Node, int]:
     if node.target not in RESHAPES:
         return k, 1
     node = node.args[0]
-    if node.target is aten.clone.default and _sole(node):
+    if node.target is aten.clone.default and only_user(node) is not None:
         node = node.args[0]
-    if node.target is not aten.expand.default or not _sole(node):
+    if node.target is not aten.expand.default or only_user(node) is None:
         return k, 1
     unsqueezed = node.args[0]
-    if unsqueezed.target is not aten.unsqueeze.default or unsqueezed.args[1] != 2 or not _sole(unsqueezed):
+    if unsqueezed.target is not aten.unsqueeze.default or unsqueezed.args[1] != 2 or only_user(unsqueezed) is None:
         return k, 1
     source, expanded = meta_value(unsqueezed.args[0]), meta_value(node)
     if source is None or expanded is None or source.dim() != 4 or expanded.dim() != 5:
@@ -241,7 +237,7 @@ def match(softmax: torch.fx.Node) -> Spelled | str | None:
     value = meta_value(softmax)
     if value is None or softmax.args[1] not in (-1, value.dim() - 1) or value.dim() != 4:
         return "not a softmax over the last dim of (B, H, S_q, S_k) logits"
-    if not _sole(first) or not _sole(raw):
+    if only_user(first) is None or only_user(raw) is None:
         return "the first product is read elsewhere"
     q = _behind_view(first.args[0], 4)
     k = _keys(first.args[1])
