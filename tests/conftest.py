@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
+import shutil
+import tempfile
 
 import torch
+
+# kopt's cache folder (autotune choices, generated kernels, the default knowledge base) is private to
+# the test session: a user's ~/.cache/kopt/kb.sqlite would add its accepted rewrites to every
+# passes="auto" under test, and tests must not write into the user's caches either. Subprocesses that
+# tests start inherit it.
+os.environ["KOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="kopt-test-cache-")
+atexit.register(shutil.rmtree, os.environ["KOPT_CACHE_DIR"], ignore_errors=True)
+os.environ.pop("KOPT_KB", None)
 
 if not torch.cuda.is_available():
     # Triton kernels run in the interpreter on the CPU; it must be chosen before any @triton.jit
@@ -14,7 +25,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from kopt.workloads import get_workload
+from kopt.workloads import get_workload  # noqa: E402
 
 
 def rel_err(candidate: torch.Tensor, reference: torch.Tensor) -> float:

@@ -13,8 +13,15 @@ from kopt.agent.kb.store import KnowledgeBase, UnknownRecord, default_path
 from kopt.agent.kb.transfer import CorruptExport, export, import_lines, prune
 
 
-def _open(args: argparse.Namespace) -> KnowledgeBase:
-    return KnowledgeBase(args.kb)
+def _open(args: argparse.Namespace, *, create: bool = False) -> KnowledgeBase:
+    """The knowledge base named by ``--kb`` (or the default). Only ``import`` may create one: opening a
+    missing file would leave an empty knowledge base behind, and an existing default one is read by
+    every ``kopt.compile(passes="auto")`` of this user."""
+    path = Path(args.kb) if args.kb is not None else default_path()
+    if not create and not path.exists():
+        raise SystemExit(f"kopt kb {args.kb_command}: no knowledge base at {path} ('kopt optimize' or "
+                         "'kopt kb import' creates one; --kb names another file)")
+    return KnowledgeBase(path)
 
 
 def _age(created_at: float) -> str:
@@ -122,7 +129,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    with _open(args) as kb:
+    with _open(args, create=True) as kb:
         try:
             stream = sys.stdin if args.file == "-" else open(args.file)  # noqa: SIM115 - closed below
             try:

@@ -288,7 +288,20 @@ def test_kb_command_line(tmp_path, capsys):
 
 def test_kb_console_script(tmp_path):
     """The installed ``kopt`` entry point has the kb command."""
+    KnowledgeBase(tmp_path / "kb.sqlite").close()
     done = subprocess.run(["kopt", "kb", "--kb", str(tmp_path / "kb.sqlite"), "list"], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "0 candidate records" in done.stdout
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "abc"], ["export"], ["prune", "--older-than", "1"]])
+def test_kb_commands_refuse_a_missing_file(tmp_path, command):
+    """Reading commands name the missing file and leave none behind: an empty default knowledge base
+    would be read by every later ``kopt.compile(passes="auto")``."""
+    from kopt.cli import main
+
+    missing = tmp_path / "none.sqlite"
+    with pytest.raises(SystemExit, match="no knowledge base at .*none.sqlite"):
+        main(["kb", "--kb", str(missing), *command])
+    assert not missing.exists()
