@@ -117,6 +117,22 @@ def test_llm_workloads_have_no_timestep_and_return_logits():
         assert logits.shape == (*inputs["input_ids"].shape, workload.model("tiny").config.vocab_size)
 
 
+def test_gemma2_runs_its_soft_capped_attention_whatever_transformers_defaults_to(monkeypatch):
+    """Gemma 2's attention logits are soft-capped, which only transformers' eager attention computes.
+    Versions that declare SDPA support for Gemma 2 (5.17, on the GPU machine) pick SDPA by default on
+    CUDA and drop the cap; the workload names eager attention so every version builds the published
+    computation."""
+    import transformers
+    from transformers.models.gemma2 import modeling_gemma2
+
+    from kopt.workloads.llm import FAMILIES
+
+    monkeypatch.setattr(modeling_gemma2.Gemma2PreTrainedModel, "_supports_sdpa", True)
+    assert get_workload("gemma2").model("tiny").config._attn_implementation == "eager"
+    published = next(f for f in FAMILIES if f.name == "gemma2").full  # what the full-size model is built from
+    assert transformers.Gemma2Config(**published)._attn_implementation == "eager"
+
+
 @pytest.mark.parametrize(("name", "block"), [("sd3", "JointTransformerBlock"), ("llama", "LlamaDecoderLayer"),
                                              ("flux1", "FluxTransformerBlock")])
 def test_regional_compile_finds_the_blocks_without_repeated_blocks(name, block):

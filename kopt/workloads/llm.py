@@ -51,7 +51,10 @@ FAMILIES = (
                      num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
                      hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, rms_norm_eps=1e-6,
                      sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                     tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+                     tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+                     # the soft cap is computed by eager attention only; transformers versions that declare
+                     # SDPA for Gemma 2 (5.17) choose it on CUDA and drop the cap
+                     attn_implementation="eager"),
            # two layers: one sliding-window and one global; a window shorter than the prompt
            tiny=dict(TINY_WIDTHS, num_hidden_layers=2, query_pre_attn_scalar=16, sliding_window=8)),
 )
