@@ -234,12 +234,25 @@ def bootstrap_median(values: Sequence[float], resamples: int, seed: int) -> tupl
     return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def holds_sentinels(value: torch.Tensor) -> bool:
+    """Whether a floating tensor holds infinities, NaN or values within a factor 2 of its dtype's
+    largest: an additive attention mask (``finfo.min`` where a key is hidden) or another sentinel.
+    Such a tensor is structure, not data: noise with its mean and spread would be NaN (the spread
+    overflows) or would hide other keys, so the graph would be checked on a computation it never runs."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return False
+    values = value.detach().float()
+    return bool((~torch.isfinite(values)).any() or values.abs().max() >= torch.finfo(value.dtype).max / 2)
+
+
 def fresh_args(args: Sequence[Any], seed: int) -> list[Any]:
-    """New values for the floating per-call inputs (same shape, mean and spread); others unchanged."""
+    """New values for the floating per-call inputs (same shape, mean and spread); others unchanged,
+    masks and other tensors of sentinels too (:func:`holds_sentinels`)."""
     generator = torch.Generator().manual_seed(seed)
     fresh = []
     for value in args:
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1:
+        if (isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1
+                and not holds_sentinels(value)):
             noise = torch.randn(value.shape, generator=generator, dtype=torch.float32).to(value.device)
             spread = value.float().std() if value.numel() > 1 else value.float().abs()
             fresh.append((value.float().mean() + noise * spread).to(value.dtype))

@@ -65,6 +65,22 @@ def test_zeros_and_nan_fail_whatever_the_budget():
     assert not poisoned.ok and "NaN" in poisoned.verdict
 
 
+def test_an_output_with_no_finite_value_to_compare_fails_instead_of_passing_vacuously():
+    """NaN where the original is NaN is not an error, but when nothing finite is left (an original fed
+    a NaN mask) no contract has been checked: such a check must not count as a pass."""
+    reference, eager = _outputs(0.01)
+    for where in ("baseline", "reference"):
+        nan_eager = torch.full_like(eager, math.nan) if where == "baseline" else eager
+        nan_reference = torch.full_like(reference, math.nan) if where == "reference" else reference
+        candidate = nan_eager.clone()  # NaN only where the original is
+        (check,) = compare(candidate, nan_eager, Contract.tolerance(0.5), reference=nan_reference)
+        assert not check.ok and "no value to compare" in check.verdict
+    partly = eager.clone()
+    partly[:10] = math.nan  # NaN where the original has NaN, the rest compared
+    (check,) = compare(partly, partly.clone(), Contract.tolerance(1e-2), reference=reference)
+    assert check.ok
+
+
 def test_exact_contract_demands_bit_identity_even_when_closer_to_the_reference():
     reference, eager = _outputs(0.01)
     (identical,) = compare(eager.clone(), eager, Contract.exact(), reference=reference)
