@@ -305,6 +305,22 @@ def measure(graphs: Sequence[Any], baseline: Mapping[str, Candidate], candidate:
     return E2EResult(accepted, reason, speedup, tuple(checks), clock.name)
 
 
+def baseline_problem(clock: Clock, accepted: Mapping[str, Candidate], seed: int) -> str | None:
+    """Why the model as the baseline runs it (``passes="auto"`` with ``accepted``) is already outside
+    the contract of those passes on its output, or None; None too for a clock without model checks.
+    Every candidate's model check measures against the same reference, so a compile that is wrong
+    by itself would have each candidate blamed for its error, and the run would teach nothing."""
+    model_checks = getattr(clock, "model_checks", None)
+    if model_checks is None:
+        return None
+    from kopt.passes.pipeline import default_pipeline
+
+    contracts = [p.contract for p in default_pipeline()] + [c.contract for c in accepted.values()]
+    bad = [c for c in model_checks(dict(accepted), functools.reduce(Contract.combine, contracts, Contract.exact()),
+                                   seed) if not c["ok"]]
+    return f"{bad[0]['verdict']} (model output {bad[0]['output']})" if bad else None
+
+
 def decide(speedup: Measurement, checks: Sequence[dict], min_gain: float) -> tuple[bool, str]:
     bad = [c for c in checks if not c["ok"]]
     numbers = f"speedup {speedup.median:.4f}x, 95% CI [{speedup.ci_low:.4f}, {speedup.ci_high:.4f}]"

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kopt.agent.bench import BenchConfig, E2EResult, WallClock, measure
+from kopt.agent.bench import BenchConfig, E2EResult, WallClock, baseline_problem, measure
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.graphs import ProbedGraph, capture_graphs, lone_gemm, without_minor_gemms
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
@@ -398,7 +398,12 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
         stream = (Lookahead(batches, job_for, pool, window=2 * len(pool.slots)) if pool
                   else (Ahead(c) for batch in batches for c in batch))
         try:
-            for ahead in stream:
+            problem = baseline_problem(clock, accepted, seed)
+            if problem:  # nothing below could be judged fairly: stop with the compile's own error
+                stopped = (f"the baseline (passes=\"auto\"{' with the kept choices' if accepted else ''}) is outside "
+                           f"its contract on the model's output: {problem}; every candidate would be blamed for it")
+                log.error("agent: %s", stopped)
+            for ahead in () if problem else stream:
                 candidate = ahead.candidate
                 if time.monotonic() > deadline:
                     stopped = f"budget of {budget_min:g} min used"

@@ -288,3 +288,30 @@ def test_once_a_candidate_is_judged_only_the_next_baselines_side_stays():
     finally:
         clock.close()
     assert _rel_err(got, reference_forward(model, fresh)) < 1e-5
+
+
+def test_a_baseline_outside_its_contract_stops_the_run_before_any_candidate(tmp_path, monkeypatch):
+    """A compile that is wrong by itself (here a pass that scales each block's output by 1.5, under a
+    1e-2 contract) would have every candidate's model check blamed for its error: the run checks the
+    baseline's model output first and stops, saying why, with no candidate evaluated."""
+    import kopt.agent.regional_clock as regional_clock
+    from kopt.passes.base import FunctionPass
+
+    def scale_output(graph_module, ctx):
+        output = next(n for n in graph_module.graph.nodes if n.op == "output")
+        first = output.args[0][0] if isinstance(output.args[0], (tuple, list)) else output.args[0]
+        with graph_module.graph.inserting_before(output):
+            scaled = graph_module.graph.call_function(torch.ops.aten.mul.Tensor, (first, 1.5))
+        output.replace_input_with(first, scaled)
+        graph_module.recompile()
+
+    wrong = FunctionPass("scale-output", "wrong on purpose", Contract.tolerance(1e-2), scale_output)
+    original = regional_clock.side_passes
+    monkeypatch.setattr(regional_clock, "side_passes", lambda chosen: [*original(chosen), wrong])
+    model, inputs = tiny_block_stack()
+    result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", regional=True, lower="eager",
+                      max_candidates=3, micro=False, seed=0, model_name="stack", progress=False, workers=1)
+    assert result.evaluations == []
+    assert "baseline" in result.stopped and "outside its contract" in result.stopped
+    assert "VIOLATION" in result.stopped
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.blocks)
