@@ -523,5 +523,6 @@ def test_a_failing_launch_config_is_a_row_with_its_error_and_the_table_goes_on()
     good = harness.timed_row(label, "kernel", "cfg", lambda: x * 2, x.double() * 2, 64, _torch.device("cpu"))
     assert good["rel_err"] == 0.0 and good["ms"] > 0
     lines = harness.kernel_table([row, good])
-    assert lines[0].endswith("| – | – | – | failed: out of resources: shared memory")
+    assert lines[0].endswith("| failed: out of resources: shared memory | – | – |")
+    assert all(line.count("|") == harness.KERNEL_HEADER[0].count("|") for line in lines)  # the table's columns
     assert "| 0.00e+00 |" in lines[1]

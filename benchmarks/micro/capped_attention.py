@@ -70,7 +70,8 @@ def measure_shape(model: str, b: int, h: int, h_kv: int, s: int, d: int, scalar:
                                     None, flops, device))
     rows.append(micro.timed_row(label, "kopt fused", "autotuned",
                                 lambda: capped_attention.launch(q, k, v, mask, scale, cap), exact, flops, device))
-    configs = capped_attention.candidates(d) if device.type == "cuda" else capped_attention.candidates(d)[:1]
+    configs = capped_attention.candidates(d, capped_attention.shared_limit(device))
+    configs = configs if device.type == "cuda" else configs[:1]
     for config in configs:
         rows.append(micro.timed_row(label, "kopt fused", config_name(config),
                                     lambda config=config: capped_attention.launch(q, k, v, mask, scale, cap,

@@ -215,23 +215,41 @@ def _block_d(head_dim: int) -> int:
     return max(triton.next_power_of_2(head_dim), 16)
 
 
+def shared_bytes(block_m: int, block_n: int, block_d: int, stages: int, element: int = 2) -> int:
+    """Shared memory a launch config asks for: the Q tile, ``stages`` buffered K and V tiles, and a
+    float32 BLOCK_M × BLOCK_N scratch for the logits' layout change (Triton 3.6 on sm_90 asked for
+    exactly this: 245,760 bytes at 64 × 64, head 256, 3 stages: ``capped_attention-s26d.md``)."""
+    return element * (block_m * block_d + stages * 2 * block_n * block_d) + 4 * block_m * block_n
+
+
 @functools.cache
-def _candidates(block_d: int) -> tuple[Config, ...]:
+def _candidates(block_d: int, shared_limit: int | None) -> tuple[Config, ...]:
     out = []
     for block_m, block_n, warps in _TILES:
         if (block_m * block_d + block_m * block_n) // (32 * warps) > _MAX_LIVE_PER_THREAD:
             continue
         for stages in (2, 3):
-            out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+            if shared_limit is None or shared_bytes(block_m, block_n, block_d, stages) <= shared_limit:
+                out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
     return tuple(out)
 
 
-def candidates(head_dim: int) -> list[Config]:
+def candidates(head_dim: int, shared_limit: int | None = None) -> list[Config]:
     """Launch configs for a head dim, the default first: tiles of 64/128 query rows by 32..128 keys
     over 4 or 8 warps and 2 or 3 pipeline stages, keeping those whose float32 accumulator and logits
     take at most 80 registers a thread (compiled for sm_90, larger ones spill: a 256-wide head
-    allows 64 × 64 over 8 warps but not over 4)."""
-    return [dict(c) for c in _candidates(_block_d(head_dim))]
+    allows 64 × 64 over 8 warps but not over 4) and, given the device's ``shared_limit`` (bytes a
+    block may opt in to), those that fit it (:func:`shared_bytes`; a config that does not cannot
+    launch, and trying it only adds a warning)."""
+    return [dict(c) for c in _candidates(_block_d(head_dim), shared_limit)]
+
+
+def shared_limit(device: torch.device) -> int | None:
+    """Shared memory a block may opt in to on ``device`` (None off CUDA: no limit to apply)."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", None)
 
 
 def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float,
@@ -304,8 +322,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     key = shape_key(b=b, h=h, groups=h // k.shape[1], s_q=pow2_bucket(s_q), s_k=pow2_bucket(s_k), d=d,
                     mask=f"{bias_batches}x{bias_heads}" if full_bias is not None else "none",
                     softcap=softcap is not None, dtype=q.dtype)
-    _autotune.launch_tuned("capped_attention", key, candidates(d), run, (out,), q.device, config,
-                           scratch=lambda: (empty_output(q),))
+    _autotune.launch_tuned("capped_attention", key, candidates(d, shared_limit(q.device)), run, (out,), q.device,
+                           config, scratch=lambda: (empty_output(q),))
     return out
 
 

@@ -184,3 +184,17 @@ def test_gemma2_prefill_shape_on_the_gpu():
     out = mod.launch(q, k, v, bias, 256 ** -0.5, 50.0)
     exact = _exact(q, k, v, bias, 256 ** -0.5, 50.0)
     assert rel_err(out, exact) < 1e-2
+
+
+def test_launch_configs_that_exceed_the_device_s_shared_memory_are_not_tried():
+    """The estimate is the request Triton 3.6 made on an H200 for the config it refused (64 × 64 keys,
+    head 256, 3 stages: 245,760 bytes against 232,448); with the H200's limit that config is dropped
+    and its 2-stage twin kept; with no limit (off CUDA) every config stays."""
+    h200 = 232_448
+    assert mod.shared_bytes(64, 64, 256, 3) == 245_760
+    unlimited, fitting = mod.candidates(256), mod.candidates(256, h200)
+    refused = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    assert refused in unlimited and refused not in fitting
+    assert {**refused, "num_stages": 2} in fitting
+    assert all(mod.shared_bytes(c["BLOCK_M"], c["BLOCK_N"], 256, c["num_stages"]) <= h200 for c in fitting)
+    assert mod.candidates(16, h200) == mod.candidates(16)  # small heads fit whatever the tile
