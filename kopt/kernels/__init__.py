@@ -16,3 +16,7 @@ On the CPU the Triton code is tested by calling the launcher under ``TRITON_INTE
 (the interpreter cannot run under FakeTensor tracing, hence the launcher and not the op).
 Packaged as ``kopt.kernels`` (see pyproject.toml).
 """
+
+from kopt.kernels._triton_cache import share_inductor_triton_cache
+
+share_inductor_triton_cache()
