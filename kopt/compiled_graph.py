@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.exc import RestartAnalysis
 
-from kopt.checks import FirstCall, as_record, check_lowering
+from kopt import lowering_memory
+from kopt.checks import FirstCall, LoweringCheck, as_record, check_lowering
 from kopt.config import Lowering, Role, WeightChange
 from kopt.cuda_graphs import CudaGraphRunner
 from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
@@ -335,8 +336,20 @@ class CompiledGraph:
         options = self.backend.options
         writes = writes_in_place(self.dynamo_graph)
         captured, binding = self.captured, self.binding
-        if captured is not None and binding is not None:
-            args = binding.inputs(first.inputs)  # the rewritten graph takes its weights as inputs now
+        rewritten = captured is not None and binding is not None
+        args = binding.inputs(first.inputs) if rewritten else first.inputs  # rewritten: weights are inputs now
+        key = lowering_memory.verdict_key((captured.graph_module if rewritten else self.dynamo_graph).code, args,
+                                          options.lower.value,
+                                          lowering_memory.lowering_settings(options.mode, options.inductor_options))
+        before = lowering_memory.remembered(key)
+        if before is not None:  # the same code passed before (kopt.lowering_memory): nothing new to check
+            self.report.lowering_check = LoweringCheck(
+                options.lower.value, [], 0.0, True,
+                f"passed before for this graph, layout, device and versions "
+                f"({time.strftime('%Y-%m-%d %H:%M', time.localtime(before['passed_at']))}; "
+                f"{lowering_memory.RECHECK_ENV}=1 checks again)")
+            return
+        if rewritten:
             check = check_lowering(first, lambda *a: self._run(first.inputs), args,
                                    lambda: first.op_by_op(captured.graph_module, args), options.lower.value,
                                    writes_in_place=writes)
@@ -345,6 +358,8 @@ class CompiledGraph:
                                    writes_in_place=writes)
         self.report.lowering_check = check
         self.report.reference_unavailable = first.unavailable
+        if check.ok and check.outputs:  # judged and passed (not skipped with a note)
+            lowering_memory.remember(key, check.seconds, len(check.outputs))
         if check.ok:
             return
         reason = f"the graph lowered by {options.lower.value} failed its numeric check: " + "; ".join(

@@ -17,6 +17,10 @@ import torch
 os.environ["KOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="kopt-test-cache-")
 atexit.register(shutil.rmtree, os.environ["KOPT_CACHE_DIR"], ignore_errors=True)
 os.environ.pop("KOPT_KB", None)
+# Every lowering is checked: a verdict one test leaves (kopt/lowering_memory.py) would let another
+# test's deliberately broken lowering of the same graph pass unchecked. test_lowering_memory.py
+# turns the memory back on for itself.
+os.environ["KOPT_RECHECK_LOWERING"] = "1"
 
 if not torch.cuda.is_available():
     # Triton kernels run in the interpreter on the CPU; it must be chosen before any @triton.jit

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -45,8 +44,9 @@ ERROR_RETRIES = 2  # failed evaluations of one candidate (ERROR records) after w
 
 
 def default_path() -> Path:
-    folder = os.environ.get("KOPT_CACHE_DIR") or Path.home() / ".cache" / "kopt"
-    return Path(folder) / "kb.sqlite"
+    from kopt.cache_dir import kopt_cache_dir
+
+    return kopt_cache_dir() / "kb.sqlite"
 
 
 class UnknownRecord(LookupError):

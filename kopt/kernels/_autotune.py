@@ -90,8 +90,9 @@ def config_name(config: Config) -> str:
 
 def default_cache_file() -> Path:
     """``$KOPT_CACHE_DIR/autotune.json``, else ``~/.cache/kopt/autotune.json``."""
-    folder = os.environ.get("KOPT_CACHE_DIR") or Path.home() / ".cache" / "kopt"
-    return Path(folder) / "autotune.json"
+    from kopt.cache_dir import kopt_cache_dir
+
+    return kopt_cache_dir() / "autotune.json"
 
 
 SHIPPED_DIR = Path(__file__).parent / "tuned"
