@@ -233,9 +233,13 @@ class CudaGraphRunner:
     def _after_failed_recording(self, error: BaseException, args: Sequence[Any]) -> Any:
         """The plain call after a failed recording, watching where it reads a GPU value on the host
         (:mod:`kopt.host_reads`), the usual cause. After the first failure the next recording is the
-        last try: its warm-up takes the branch a capture takes (:mod:`kopt.capture_branch`) and
-        bakes in the reads found (checked on the device at every replay). After the second, graphs
-        are off for good, with the reason and the first such place in :attr:`CudaGraphStats.disabled`."""
+        last try: it warms up twice on the branch a capture takes (:mod:`kopt.capture_branch`) and
+        bakes in the reads the second warm-up makes (checked on the device at every replay). Twice
+        because the first call down that branch passes new inputs to the compiled blocks (transformers
+        builds a mask there instead of None), which compile for them, and compiling reads values on the
+        host (kopt's first-call checks) that no later call repeats: baked, the capture would miss them.
+        After the second failure graphs are off for good, with the reason and the first such place in
+        :attr:`CudaGraphStats.disabled`."""
         from kopt.host_reads import call_noting_host_reads
 
         failure = f"recording failed: {describe_failure(error)}"
@@ -268,6 +272,9 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         log = ReadLog() if self._bake_reads else contextlib.nullcontext()
         branch = as_if_capturing() if self._retrying else contextlib.nullcontext()  # kopt.capture_branch
+        if self._retrying:  # the capture branch's first call compiles what it needs: not logged (below)
+            with torch.cuda.stream(side), as_if_capturing():
+                self.fn(*inputs)
         with torch.cuda.stream(side), log, branch:  # one more warm-up, on a side stream as capture requires
             expected = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)

@@ -159,3 +159,32 @@ def test_a_recording_that_fails_again_is_disabled_naming_the_read():
     for _ in range(4):
         torch.testing.assert_close(runner(x), x.sum().expand(4))
     assert runner.stats.disabled.startswith("recording failed: ") and "reads a GPU value" in runner.stats.disabled
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reads_the_capture_branch_makes_only_on_its_first_call_are_not_baked():
+    """Transformers' mask helper reads the mask on the host in plain calls and builds a mask tensor under
+    capture instead; the first call down that branch compiles the blocks for the new mask, and compiling
+    reads values on the host (kopt's first-call checks) once. The retry warms up on the capture branch
+    twice and bakes only what the second call reads (here nothing), so the capture matches its log."""
+    from kopt.cuda_graphs import CudaGraphRunner
+
+    compiled = []
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if not torch.cuda.is_current_stream_capturing():  # plain calls: a host read decides the branch
+            return x * 3 if bool((x > -10).all()) else x
+        if not compiled:  # the first call on the capture branch "compiles"
+            if torch._C._cuda_isCurrentStreamCapturing():
+                raise RuntimeError("a recompile while the stream captures")  # as dynamo's would fail
+            float(x.sum())  # compiling reads a value on the host, once
+            compiled.append(True)
+        return x * 3
+
+    runner = CudaGraphRunner(forward, warmup=1)
+    x = torch.rand(64, device="cuda") + 0.5
+    for _ in range(5):
+        torch.testing.assert_close(runner(x), x * 3)
+    assert runner.stats.disabled is None, runner.stats.describe()
+    assert runner.stats.recorded == 1 and runner.stats.replays >= 2 and runner.stats.baked_reads == 0
