@@ -87,31 +87,52 @@ class OutputCheck:
 
 def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     """``||candidate - reference|| / ||reference||`` in float64 (complex handled as pairs)."""
-    c, r = _as_real64(candidate), _as_real64(reference)
-    denominator = r.norm().item()
-    numerator = (c - r).norm().item()
-    if denominator == 0.0:
-        return 0.0 if numerator == 0.0 else math.inf
-    return numerator / denominator
+    return distance(candidate, reference).rel_err
 
 
 def cosine_similarity(candidate: torch.Tensor, reference: torch.Tensor) -> float:
-    c, r = _as_real64(candidate).flatten(), _as_real64(reference).flatten()
-    denominator = (c.norm() * r.norm()).item()
-    if denominator == 0.0:
-        return 1.0 if torch.equal(c, r) else 0.0
-    return (c @ r).item() / denominator
+    return distance(candidate, reference).cosine
+
+
+CHUNK = 1 << 24  # elements per float64 chunk: 128 MiB per operand
+
+
+def _flat_real(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    return (torch.view_as_real(tensor) if tensor.is_complex() else tensor).reshape(-1)
+
+
+def _sums(candidate: torch.Tensor, reference: torch.Tensor) -> tuple[float, float, float, float]:
+    """``(||c - r||², ||r||², ||c||², c · r)`` in float64, one chunk at a time on the candidate's device.
+
+    On the device, not the host: an LLM's logits (2048 × 256,000) are 0.5 G values, whose float64
+    copies on the host took seconds per distance and tens of seconds per check. In chunks: float64
+    copies of a whole output would double a large model's peak memory."""
+    c, r = _flat_real(candidate), _flat_real(reference).to(candidate.device)
+    if c.numel() != r.numel():
+        raise ValueError(f"outputs of {c.numel()} and {r.numel()} values cannot be compared")
+    total = torch.zeros(4, dtype=torch.float64, device=c.device)
+    for start in range(0, c.numel(), CHUNK):
+        a, b = c[start:start + CHUNK].double(), r[start:start + CHUNK].double()
+        difference = a - b
+        total += torch.stack([difference.dot(difference), b.dot(b), a.dot(a), a.dot(b)])
+    squared_error, reference_sq, candidate_sq, product = total.tolist()
+    return squared_error, reference_sq, candidate_sq, product
 
 
 def distance(candidate: torch.Tensor, reference: torch.Tensor) -> Distance:
-    return Distance(relative_error(candidate, reference), cosine_similarity(candidate, reference))
-
-
-def _as_real64(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.detach()
-    if tensor.is_complex():
-        tensor = torch.view_as_real(tensor)
-    return tensor.to(device="cpu", dtype=torch.float64)
+    """Relative error and cosine of ``candidate`` against ``reference``, from one pass (:func:`_sums`)."""
+    squared_error, reference_sq, candidate_sq, product = _sums(candidate, reference)
+    if reference_sq == 0.0:
+        rel_err = 0.0 if squared_error == 0.0 else math.inf
+    else:
+        rel_err = math.sqrt(squared_error) / math.sqrt(reference_sq)
+    norms = math.sqrt(candidate_sq) * math.sqrt(reference_sq)
+    if norms == 0.0:
+        cosine = 1.0 if squared_error == 0.0 else 0.0
+    else:
+        cosine = product / norms
+    return Distance(rel_err, cosine)
 
 
 @dataclasses.dataclass(frozen=True)

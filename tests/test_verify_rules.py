@@ -146,3 +146,23 @@ def test_verify_accepts_a_rewrite_that_moves_flux1_toward_the_reference():
     assert check["ok"] and check["rel_err"] < check["eager_rel_err"] / 3
     assert check["rel_err_vs_eager"] > 1e-2 and relative_error(output, eager) > 1e-2
     assert "more accurate than eager" in str(compiled.kopt_report)
+
+
+def test_distances_taken_in_chunks_equal_the_whole_tensor_float64_formulas(monkeypatch):
+    """kopt.verify.distance sums squares chunk by chunk on the tensors' device; with chunks far smaller
+    than the tensor the numbers are the float64 formulas' on the whole tensor."""
+    import kopt.verify as verify
+
+    monkeypatch.setattr(verify, "CHUNK", 1000)
+    generator = torch.Generator().manual_seed(3)
+    reference = torch.randn(4099, 3, generator=generator)
+    candidate = (reference + 0.01 * torch.randn(4099, 3, generator=generator)).bfloat16()
+    r, c = reference.double().flatten(), candidate.double().flatten()
+    measured = verify.distance(candidate, reference)
+    assert math.isclose(measured.rel_err, ((c - r).norm() / r.norm()).item(), rel_tol=1e-12)
+    assert math.isclose(measured.cosine, (c @ r / (c.norm() * r.norm())).item(), rel_tol=1e-12)
+    z = torch.randn(5000, dtype=torch.complex64, generator=generator)
+    assert verify.distance(z, z).rel_err == 0.0 and math.isclose(verify.distance(z, z).cosine, 1.0)
+    zeros = torch.zeros(10)
+    assert verify.distance(zeros, zeros) == verify.Distance(0.0, 1.0)
+    assert verify.distance(torch.ones(10), zeros).rel_err == math.inf

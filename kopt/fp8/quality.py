@@ -25,7 +25,7 @@ import torch
 
 from kopt.fp8.config import QualityGate
 from kopt.passes.base import Contract
-from kopt.verify import ContractRule, Distance
+from kopt.verify import ContractRule, Distance, distance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +49,12 @@ def measure(candidate: torch.Tensor, reference: torch.Tensor, gate: QualityGate 
     """Quality of ``candidate`` against ``reference`` (any float dtypes, same shape)."""
     if candidate.shape != reference.shape:
         raise ValueError(f"shapes differ: {tuple(candidate.shape)} vs {tuple(reference.shape)}")
-    c, r = candidate.detach().double().flatten(), reference.detach().double().flatten()
-    if not torch.isfinite(c).all():
+    if not torch.isfinite(candidate.detach()).all():
         return Quality(math.inf, -1.0, -math.inf, gate or QualityGate())
-    error, signal = (c - r).norm().item(), r.norm().item()
-    rel = error / signal if signal > 0 else (0.0 if error == 0 else math.inf)
-    cosine = torch.nn.functional.cosine_similarity(c, r, dim=0).item() if signal > 0 else float(error == 0)
+    measured = distance(candidate, reference)  # float64, in chunks on the device
+    rel = measured.rel_err
     sqnr = math.inf if rel == 0 else -20 * math.log10(rel)
-    return Quality(rel, cosine, sqnr, gate or QualityGate())
+    return Quality(rel, measured.cosine, sqnr, gate or QualityGate())
 
 
 @dataclasses.dataclass(frozen=True)
