@@ -526,3 +526,16 @@ def test_a_failing_launch_config_is_a_row_with_its_error_and_the_table_goes_on()
     assert lines[0].endswith("| failed: out of resources: shared memory | – | – |")
     assert all(line.count("|") == harness.KERNEL_HEADER[0].count("|") for line in lines)  # the table's columns
     assert "| 0.00e+00 |" in lines[1]
+
+
+def test_compiled_model_accuracy_compares_each_configuration_and_eager_after_the_undo():
+    """benchmarks/tools/compiled_model_accuracy.py on tiny Gemma 2 (CPU): FP8 takes the linears, every
+    call is compared with the reference, and eager after the undo is eager before it."""
+    from benchmarks.tools.compiled_model_accuracy import run
+
+    rows = run("gemma2", "tiny", ["fp8 regional linears eager-lowering"])
+    row = rows["fp8 regional linears eager-lowering"]
+    assert "error" not in row and row["fp8_linears"] > 0 and len(row["calls"]) == 3
+    assert all(c["finite"] and 0 < c["rel"] < 0.5 and c["cos"] > 0.9 for c in row["calls"])
+    assert row["calls"][0]["rel"] > rows["eager"]["rel"]  # FP8 rounds more than bf16
+    assert row["eager_after_undo"] == rows["eager"]
