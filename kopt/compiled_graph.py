@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.exc import RestartAnalysis
 
-from kopt import lowering_memory
+import kopt.lowering_memory as lowering_memory
 from kopt.checks import FirstCall, LoweringCheck, as_record, check_lowering
 from kopt.config import Lowering, Role, WeightChange
 from kopt.cuda_graphs import CudaGraphRunner
