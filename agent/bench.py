@@ -238,11 +238,16 @@ def holds_sentinels(value: torch.Tensor) -> bool:
     """Whether a floating tensor holds infinities, NaN or values within a factor 2 of its dtype's
     largest: an additive attention mask (``finfo.min`` where a key is hidden) or another sentinel.
     Such a tensor is structure, not data: noise with its mean and spread would be NaN (the spread
-    overflows) or would hide other keys, so the graph would be checked on a computation it never runs."""
+    overflows) or would hide other keys, so the graph would be checked on a computation it never runs.
+    Not for 8-bit floats, whose scaled values reach their largest by design (a row quantized to FP8
+    has 448 in it) and which hold no mask."""
     if not value.is_floating_point() or value.numel() == 0:
         return False
     values = value.detach().float()
-    return bool((~torch.isfinite(values)).any() or values.abs().max() >= torch.finfo(value.dtype).max / 2)
+    if (~torch.isfinite(values)).any():
+        return True
+    info = torch.finfo(value.dtype)
+    return info.bits > 8 and bool(values.abs().max() >= info.max / 2)
 
 
 def fresh_args(args: Sequence[Any], seed: int) -> list[Any]:

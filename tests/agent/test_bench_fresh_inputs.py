@@ -20,6 +20,8 @@ def test_masks_and_sentinels_are_structure_and_data_is_refreshed():
     infinite = torch.zeros(8, 8).masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), -math.inf)
     data = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)).bfloat16()
     assert holds_sentinels(mask) and holds_sentinels(infinite) and not holds_sentinels(data)
+    quantized = (data.float() / data.float().abs().amax(-1, keepdim=True) * 448).to(torch.float8_e4m3fn)
+    assert not holds_sentinels(quantized)  # FP8 rows reach 448 by design: data, refreshed like any other
     fresh_mask, fresh_infinite, fresh_data = fresh_args([mask, infinite, data], seed=3)
     assert fresh_mask is mask and fresh_infinite is infinite
     assert fresh_data.shape == data.shape and not torch.equal(fresh_data, data)
