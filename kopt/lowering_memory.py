@@ -50,7 +50,8 @@ def kopt_source_hash() -> str:
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"T{tuple(value.shape)}{tuple(value.stride())}{value.dtype}{value.device.type}"
+        strides = tuple(value.stride()) if value.layout is torch.strided else str(value.layout)
+        return f"T{tuple(value.shape)}{strides}{value.dtype}{value.device.type}"
     return type(value).__name__ if not isinstance(value, (int, float, bool, str, type(None))) else repr(value)
 
 
