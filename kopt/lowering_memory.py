@@ -20,7 +20,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -90,11 +89,10 @@ def remembered(key: str) -> dict[str, Any] | None:
 
 def remember(key: str, seconds: float, outputs: int) -> None:
     """Record that the check under ``key`` passed (best effort: a cache that cannot be written is skipped)."""
-    target = folder() / f"{key}.json"
+    from kopt.cache_dir import write_atomically
+
+    record = {"passed_at": time.time(), "check_seconds": seconds, "outputs": outputs}
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False, suffix=".tmp") as stream:
-            json.dump({"passed_at": time.time(), "check_seconds": seconds, "outputs": outputs}, stream)
-        os.replace(stream.name, target)
+        write_atomically(folder() / f"{key}.json", json.dumps(record))
     except OSError:
         pass

@@ -19,13 +19,14 @@ import importlib.util
 import os
 import re
 import sys
-import tempfile
 import threading
 import types
 from pathlib import Path
 
 import torch
 import triton
+
+from kopt.cache_dir import write_atomically
 
 CACHE_ENV = "KOPT_CACHE_DIR"
 _STAMP = "# kopt-codegen sha256="
@@ -86,11 +87,7 @@ def _intact(path: Path, source: str) -> bool:
 
 
 def _write(path: Path, source: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(handle, "w") as file:
-        file.write(f"{_STAMP}{_digest(source)}\n{source}")
-    os.replace(temporary, path)  # atomic: a reader sees the old file or the whole new one
+    write_atomically(path, f"{_STAMP}{_digest(source)}\n{source}")  # a reader sees the old or the whole new
     STATS.writes += 1
 
 

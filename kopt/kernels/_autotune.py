@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 import warnings
@@ -268,17 +267,10 @@ class Tuner:
         """Merge this process's entries into the file and replace it atomically; failures only warn."""
         path = self.path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            from kopt.cache_dir import write_atomically
+
             merged = {**self._read_file(), **self._entries}
-            text = json.dumps({"format": FORMAT, "entries": merged}, indent=1, sort_keys=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            write_atomically(path, json.dumps({"format": FORMAT, "entries": merged}, indent=1, sort_keys=True))
         except OSError as exc:
             warnings.warn(f"autotune: could not write cache file {path}: {exc}", stacklevel=4)
 
