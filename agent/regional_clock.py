@@ -10,7 +10,8 @@ choice by the signature of the block graph before passes), and every sample is o
 model's forward, replayed from one CUDA graph when CUDA graphs are on (:mod:`kopt.forward_replay`),
 the code between blocks included. A side lowers one graph per block class: seconds, not minutes.
 
-Why two sides can share one module: a regional compile sets each block's ``_compiled_call_impl``;
+Why two sides can share one module: a regional compile sets each block's ``_compiled_call_impl``
+(with ``between_blocks="compiled"``, the model's and a ``forward`` per block: :mod:`kopt.between_blocks`);
 each side keeps the ones it set and puts them back before each of its calls (:meth:`_Side.activate`),
 and each has dynamo cache state of its own (:func:`kopt.dynamo_cache.compile_blocks_isolated`).
 Sides never change the module's weights: derived constants are copies (``share_weights=False``),
@@ -72,6 +73,8 @@ def side_problem(report: Any) -> str:
     """Why a compiled side does not run what it was built to (a pass skipped after an error, a graph
     that fell back to its original), or empty. kopt's compile never breaks a user's model over such
     a failure; the agent must not time it as if the candidate ran."""
+    if report.recompile_limit:  # dynamo gave up on a frame: some of the side's code runs eagerly
+        return f"runs code eagerly: {report.recompile_limit}"
     for graph in report.graphs:
         if graph.fallback:
             return f"runs block graph {graph.index} as captured: {graph.fallback}"
@@ -81,16 +84,34 @@ def side_problem(report: Any) -> str:
     return ""
 
 
+def _room_for_every_side(between_blocks: str) -> Any:
+    """Where sides share a frame's dynamo cache, room for an entry per side.
+
+    With ``between_blocks="outer"`` dynamo compiles the model's own ``forward`` below a graph break:
+    without ``isolate_recompiles`` (torch < 2.13) that frame's cache is its code's, shared by every side
+    of the run (each entry guarded by its backend), and the 9th side would run it eagerly."""
+    import contextlib
+
+    from kopt.dynamo_cache import ISOLATES_RECOMPILES
+
+    if between_blocks != "outer" or ISOLATES_RECOMPILES:
+        return contextlib.nullcontext()
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(**{name: max(getattr(config, name), 256)})
+
+
 @dataclasses.dataclass
 class _Side:
-    """One compile of the model with one candidate set, and the blocks' compiled calls it set."""
+    """One compile of the model with one candidate set, and the compiled entry points it set."""
 
     compiled: Any
-    calls: dict[torch.nn.Module, Any]
+    calls: dict[torch.nn.Module, Any]  # kopt.between_blocks.compiled_state
 
     def activate(self) -> None:
-        for block, compiled_call in self.calls.items():
-            block._compiled_call_impl = compiled_call
+        from kopt.between_blocks import set_state
+
+        set_state(self.calls)
 
     def dispose(self) -> None:
         self.compiled._kopt_backend.dispose()
@@ -150,6 +171,7 @@ class RegionalClock:
 
     def _build(self, chosen: Mapping[str, Candidate], key: tuple[str, ...]) -> _Side:
         import kopt
+        from kopt.between_blocks import compiled_state
         from kopt.regional import regional_modules
 
         began = time.perf_counter()
@@ -157,9 +179,9 @@ class RegionalClock:
                                 cuda_graphs=self.replay, check_lowering=False, kb=False, release_weights=False,
                                 share_weights=False, on_weight_change="ignore", progress=False,
                                 between_blocks=self.between_blocks)
-        side = _Side(compiled, {m: m._compiled_call_impl for m in regional_modules(self.model, self.between_blocks)})
+        side = _Side(compiled, compiled_state(regional_modules(self.model, self.between_blocks)))
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _room_for_every_side(self.between_blocks):
                 call(compiled, self.inputs)  # compiles the blocks
                 problem = side_problem(compiled.kopt_report)
                 if problem:  # timing it would time the baseline, or less: the evaluation fails with the reason
@@ -201,6 +223,7 @@ class RegionalClock:
         (:func:`fresh_inputs`), within ``contract`` (eager bf16's own error is the budget's base):
         what the user's output does once every block runs the candidates, which a check of one
         block's graph on random arguments does not show (errors compound over the blocks)."""
+        from kopt.between_blocks import run_as_written
         from kopt.reference import reference_forward
         from kopt.regional import regional_modules
         from kopt.verify import compare
@@ -211,8 +234,7 @@ class RegionalClock:
         blocks = regional_modules(self.model, self.between_blocks)
         with torch.no_grad():
             got = call(side.compiled, fresh)
-            for block in blocks:  # the module as the user wrote it
-                block._compiled_call_impl = None
+            run_as_written(blocks)  # the module as the user wrote it
             try:
                 eager = call(self.model, fresh)
                 if isinstance(fresh, Mapping):

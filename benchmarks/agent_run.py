@@ -58,6 +58,10 @@ def main() -> None:
                              "(default: when the model has repeated blocks)")
     parser.add_argument("--fp8", action="store_true",
                         help="also propose FP8 pipelines (kopt.fp8.Fp8Config(): its quality gate is the contract)")
+    parser.add_argument("--between-blocks", default=None, choices=["eager", "linears", "outer"],
+                        help="what a regional run compiles between the blocks (kopt.compile's between_blocks): eager, "
+                             "linears (the large linears), outer (the code around the module that runs the blocks: "
+                             "an LLM's LM head and logit cap) (default: linears with --fp8, else eager)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the results (default $OUT/benchmarks/results)")
     args = parser.parse_args()
@@ -82,10 +86,12 @@ def main() -> None:
     stem = f"agent_{workload.name.replace(':', '_')}"
     environment = current_environment()
     header = {"workload": workload.name, "budget_min": args.budget_min, "proposer": args.proposer, "fp8": args.fp8,
+              "between_blocks": args.between_blocks,
               "environment": environment.to_dict(), "kb": str(kb)}
     result = optimize(model, inputs, budget_min=args.budget_min, proposer=args.proposer, kb_path=kb,
                       seed=args.seed, model_name=workload.name, progress=True, lower=args.lower,
-                      regional=args.regional, fp8=fp8, on_evaluation=partial_writer(out / f"{stem}.json", header))
+                      regional=args.regional, fp8=fp8, between_blocks=args.between_blocks,
+                      on_evaluation=partial_writer(out / f"{stem}.json", header))
     result.plot(out / f"{stem}.png")
     data = {**header, "finished": True, "clock": result.clock.name,
             "graphs": [{"index": g.index, "calls": g.calls, "nodes": len(g.graph_module.graph.nodes)}

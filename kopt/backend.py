@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch._dynamo.exc import RestartAnalysis
 
+from kopt.between_blocks import designed_break
 from kopt.compiled_graph import CompiledGraph
 from kopt.config import CompileOptions, Lowering, Role, WeightChange, WeightCheck, mode_options
 from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
@@ -150,7 +151,7 @@ class KoptBackend:
         now = _graph_breaks()
         self.report.graph_breaks = [f"{reason} (×{count - self._breaks_before.get(reason, 0)})"
                                     for reason, count in now.items()
-                                    if count > self._breaks_before.get(reason, 0)]
+                                    if count > self._breaks_before.get(reason, 0) and not designed_break(reason)]
         try:
             with show_progress(self.options.progress):
                 compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)

@@ -25,6 +25,10 @@ outermost ``nn.ModuleList`` whose items have submodules (SD3, Sana, PixArt, tran
 4,096 x 128,256 of the model's 8.0 B weights) and runs eagerly otherwise, out of reach of FP8 and
 of the agent's choices. Off by default: compiling a lone linear changes nothing by itself and costs
 a compile and a guard check per call.
+
+``between_blocks="outer"`` compiles the model's code around the module that runs the blocks, that
+module's call opaque to it (:mod:`kopt.between_blocks`): an LLM's LM head with the logit soft cap
+after it, as one graph.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from torch import nn
 
+from kopt.between_blocks import compile_outer, restore_forward, trunk
 from kopt.config import WeightChange
 from kopt.dynamo_cache import compile_blocks_isolated
 from kopt.errors import kopt_errors_unwrapped
@@ -50,7 +55,7 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return _outermost_list_items(model)
 
 
-BETWEEN_BLOCKS = ("eager", "linears")
+BETWEEN_BLOCKS = ("eager", "linears", "outer")
 # A linear with fewer input or output features is no GEMM worth a graph of its own (Fp8Config's default too)
 MIN_FEATURES = 1024
 
@@ -64,11 +69,15 @@ def linears_between_blocks(model: nn.Module, min_features: int = MIN_FEATURES) -
 
 
 def regional_modules(model: nn.Module, between_blocks: str = "eager") -> list[nn.Module]:
-    """What a regional compilation compiles: the repeated blocks, and with ``between_blocks="linears"``
-    the large linears between them (module docstring)."""
+    """What a regional compilation compiles: the repeated blocks, with ``between_blocks="linears"``
+    the large linears between them, and with ``"outer"`` the model itself and (made opaque) the module
+    that runs the blocks (module docstring)."""
     if between_blocks not in BETWEEN_BLOCKS:
         raise ValueError(f"between_blocks must be one of {BETWEEN_BLOCKS}, got {between_blocks!r}")
     modules = repeated_blocks(model)
+    if between_blocks == "outer" and modules:
+        holder = trunk(model, modules)
+        return modules + ([model] if holder is model else [model, holder])
     return modules + linears_between_blocks(model) if between_blocks == "linears" and modules else modules
 
 
@@ -106,7 +115,13 @@ def compile_blocks(model: nn.Module, backend: Callable[..., Any], *, fullgraph: 
     if not blocks:
         raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no nn.ModuleList of "
                          "blocks: compile it whole (regional=False)")
-    if isolate:
+    if between_blocks == "outer":
+        if not isolate:
+            raise ValueError("between_blocks='outer' compiles with cache state of its own (isolate=True)")
+        blocks = repeated_blocks(model)  # the names returned are the blocks' classes
+        compile_outer(model, blocks, backend, dynamic=dynamic)
+        compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
+    elif isolate:
         compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
     else:
         for block in blocks:
@@ -115,10 +130,12 @@ def compile_blocks(model: nn.Module, backend: Callable[..., Any], *, fullgraph: 
 
 
 def uncompile_blocks(model: nn.Module) -> None:
-    """Undo :func:`compile_blocks` (``nn.Module.compile`` only sets ``_compiled_call_impl``)."""
+    """Undo :func:`compile_blocks` (``nn.Module.compile`` only sets ``_compiled_call_impl``;
+    ``between_blocks="outer"`` also gives the module that runs the blocks a ``forward`` of its own)."""
     for module in model.modules():
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
+        restore_forward(module)
 
 
 class KoptRegional(nn.Module):
@@ -200,5 +217,7 @@ def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
         backend.graphs_held_back = "held back: the whole forward is replayed from one CUDA graph (regional)"
         backend.max_graphs = 1024  # then one recording per block (each calls it with its own weights)
     blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic, between_blocks=between_blocks)
-    backend.read_outside = weights_read_outside(model, regional_modules(model, between_blocks))
+    # "outer": the trunk runs as written, and what its code reads is outside the blocks
+    compiled = repeated_blocks(model) if between_blocks == "outer" else regional_modules(model, between_blocks)
+    backend.read_outside = weights_read_outside(model, compiled)
     return KoptRegional(model, backend, blocks, replay=replay, release_weights=release_weights)

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 BASELINES: dict[str, tuple[str, ...]] = {
-    "bf16": ("torch.compile", "torch.compile+graphs", "torch.compile-max-autotune+graphs", "torch.compile-full"),
+    "bf16": ("torch.compile", "torch.compile+graphs", "torch.compile-max-autotune+graphs", "torch.compile-full",
+             "torch.compile-full+graphs"),
     "fp8": ("fp8+torch.compile", "fp8+torch.compile-fast-accum", "fp8+torch.compile-fast-accum+graphs"),
 }
 

@@ -171,6 +171,9 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     "kopt-regional-fp8": dict(passes="auto", regional=True, fp8=Fp8Config()),
     # regional compilation (compile time of a few blocks) with FP8 linears and attention
     "kopt-regional-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True)),
+    # regional with the model's code around the module that runs the blocks compiled too (an LLM's LM head
+    # and logit soft cap as one graph: kopt.between_blocks)
+    "kopt-regional-outer": dict(passes="auto", regional=True, between_blocks="outer"),
     # regional with Inductor's tuning for every graph (GEMM templates against cuBLAS, launch configs; CUDA graphs on):
     # what the agent's lowering choices try graph by graph, against torch.compile-max-autotune+graphs
     "kopt-regional-max-autotune": dict(passes="auto", regional=True, mode="max-autotune"),
@@ -284,6 +287,9 @@ def all_variants() -> list[Variant]:
                 _kopt(dict(passes="auto", regional=True)), cfg_pair=True, estimate_full_s=120),
         Variant("torch.compile-full", "whole-model torch.compile", _whole_compile,
                 estimate_full_s=420, aliases=("compile-full", "whole")),
+        Variant("torch.compile-full+graphs", "whole-model torch.compile, the forward replayed from a CUDA graph "
+                "(an LLM user's torch.compile: the code between the blocks compiled too)",
+                lambda m, s: _replayed(_whole_compile(m, s), s), estimate_full_s=420),
     ]
     estimates = {"kopt-eager": 120}  # FLUX.1-dev config on an H200: ~125 s compile, timing and profile
     variants += [Variant(name, f"kopt.compile with {options}", _kopt(options), cfg_pair=True,
