@@ -31,6 +31,7 @@ import torch
 
 from kopt.agent.bench import BenchConfig, E2EResult, WallClock, baseline_problem, measure
 from kopt.agent.candidate import Candidate, CandidateKind
+from kopt.agent.fp8_dominance import settled_by, settled_reason
 from kopt.agent.graphs import ProbedGraph, capture_graphs, lone_gemm, without_minor_gemms
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
 from kopt.agent.kb.records import Measurement
@@ -103,6 +104,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
     holds the search proposals for them, until none appear."""
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
+        from kopt.agent.fp8_dominance import lesser_rounding_first
         from kopt.agent.propose.breadth import breadth_first, fp8_leads, small_regions
         from kopt.agent.propose.pipeline import propose_pipelines
         from kopt.agent.propose.search import propose_all
@@ -112,7 +114,8 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
         if pipelines:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
         small = small_regions(profile, min_gain)
-        yield list(warm_order(breadth_first(found, small, fp8_leads(found, profile)), kb, class_keys or {}))
+        ordered = warm_order(breadth_first(found, small, fp8_leads(found, profile)), kb, class_keys or {})
+        yield lesser_rounding_first(list(ordered))
         while follow_up is not None:
             fresh = follow_up()
             if not fresh:
@@ -444,9 +447,16 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                     event = verified.event
                     log.info("agent: verified ahead on %s in %.1f s", event.worker, event.ended - event.started)
                 began = time.monotonic()
-                evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
-                                      verify_config, bench_config, bench, first.get(candidate.region_signature),
-                                      verified)
+                lesser = settled_by(candidate, kb.latest(signature=candidate.region_signature, environment=environment))
+                if lesser is not None:  # adds FP8 rounding to a choice whose model output already missed
+                    reason = settled_reason(candidate, lesser)
+                    evaluation = Evaluation(candidate, Status.REJECTED, reason,
+                                            {"kind": "more-rounding", "accepted": False, "checks": [],
+                                             "settled_by": lesser.record_hash, "reason": reason})
+                else:
+                    evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
+                                          verify_config, bench_config, bench, first.get(candidate.region_signature),
+                                          verified)
                 evaluation = dataclasses.replace(evaluation, seconds=time.monotonic() - began)
                 e2e = evaluation.e2e.speedup if evaluation.e2e else None
                 if e2e is not None and bench is not None and e2e.baseline:
