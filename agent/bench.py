@@ -305,7 +305,9 @@ def measure(graphs: Sequence[Any], baseline: Mapping[str, Candidate], candidate:
     a, b = interleaved(clock, baseline, trial, config.samples)
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     median, low, high = bootstrap_median(ratios, config.resamples, config.seed)
-    speedup = Measurement("speedup", median, low, high, len(ratios), baseline=statistics.median(a))
+    incumbent = baseline.get(candidate.region_signature)  # what the speedup is over, in this region
+    speedup = Measurement("speedup", median, low, high, len(ratios), baseline=statistics.median(a),
+                          against=incumbent.content_hash if incumbent is not None else None)
     accepted, reason = decide(speedup, checks, config.min_gain)
     return E2EResult(accepted, reason, speedup, tuple(checks), clock.name)
 

@@ -66,7 +66,9 @@ class Measurement:
     """A timed quantity with its bootstrap 95% confidence interval.
 
     Micro benchmarks store the candidate's time per call (``unit="ms"``, ``baseline`` the
-    original's); end-to-end ones store the whole model's speedup (``unit="speedup"``)."""
+    original's); end-to-end ones store the whole model's speedup (``unit="speedup"``) over the model
+    with the candidates kept so far, where ``against`` names the one this candidate replaced in its
+    own region (its content hash; None: the region ran as the passes leave it)."""
 
     unit: str
     median: float
@@ -74,9 +76,13 @@ class Measurement:
     ci_high: float
     samples: int
     baseline: float | None = None
+    against: str | None = None
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.against is None:  # only when set: records made before it keep their hashes
+            del data["against"]
+        return data
 
     @staticmethod
     def from_dict(data: Mapping | None) -> Measurement | None:

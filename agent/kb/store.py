@@ -241,10 +241,24 @@ class KnowledgeBase:
 
     def accepted(self, signature: str, environment: Environment | None = None) -> list[CandidateRecord]:
         """Candidates whose newest evaluation for this exact region (and environment, if given) is an
-        accepted end-to-end win, best end-to-end speedup first."""
+        accepted end-to-end win, fastest over the base first.
+
+        A candidate measured in place of another accepted one (``e2e.against``) was timed against that
+        one, so it counts its own speedup times the other's, down to the base; ranking raw speedups
+        would prefer an early, large win over the candidate measured to beat it. One whose incumbent
+        is no longer accepted here counts its own speedup alone."""
         found = [r for r in self.latest(signature=signature, environment=environment) if r.status is Status.ACCEPTED
                  and r.region_signature == signature]
-        return sorted(found, key=lambda r: -(r.e2e.median if r.e2e else 0.0))
+        by_hash = {r.candidate_hash: r for r in found}
+
+        def over_base(record: CandidateRecord, seen: frozenset[str]) -> float:
+            own = record.e2e.median if record.e2e else 0.0
+            below = by_hash.get(record.e2e.against) if record.e2e and record.e2e.against else None
+            if below is None or below.candidate_hash in seen:
+                return own
+            return own * over_base(below, seen | {record.candidate_hash})
+
+        return sorted(found, key=lambda r: -over_base(r, frozenset()))
 
     def has_evaluated(self, candidate: object, environment: Environment | None = None) -> bool:
         """Whether this proposal (by content hash) was already evaluated (in ``environment``, if given):

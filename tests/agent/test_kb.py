@@ -78,6 +78,28 @@ def test_record_and_query_for_the_loop(kb):
     assert kb.lessons("another class") == []
 
 
+def test_a_candidate_measured_in_place_of_another_ranks_by_its_speedup_over_the_base(kb):
+    """The loop times a region's second candidate against the first (``e2e.against``): 1.02x over a
+    1.05x win is 1.071x over the base and goes first; a raw 1.03x over the base goes after both."""
+    region = scaled_gelu_region()
+    kb.record_region(region)
+    first, second, third = (candidate_for(region, v) for v in (1, 2, 3))
+    early = kb.record_candidate(first, status=Status.ACCEPTED, reason="win",
+                                e2e=Measurement("speedup", 1.05, 1.03, 1.07, 20), environment=GPU_ENV)
+    on_top = kb.record_candidate(second, status=Status.ACCEPTED, reason="win over the first",
+                                 e2e=Measurement("speedup", 1.02, 1.01, 1.03, 20, against=first.content_hash),
+                                 environment=GPU_ENV)
+    alone = kb.record_candidate(third, status=Status.ACCEPTED, reason="win",
+                                e2e=Measurement("speedup", 1.03, 1.01, 1.05, 20), environment=GPU_ENV)
+    assert [r.record_hash for r in kb.accepted(region.signature, GPU_ENV)] == [
+        on_top.record_hash, early.record_hash, alone.record_hash]
+    assert kb.candidate(on_top.id).e2e.against == first.content_hash
+    assert "against" not in Measurement("speedup", 1.0, 1.0, 1.0, 1).to_dict()  # older records keep their hashes
+    kb.record_candidate(first, status=Status.SLOWER, reason="slower on a re-run", environment=GPU_ENV,
+                        supersedes=early)
+    assert [r.record_hash for r in kb.accepted(region.signature, GPU_ENV)] == [alone.record_hash, on_top.record_hash]
+
+
 def test_records_are_immutable_and_a_re_evaluation_supersedes(kb):
     """UPDATE is refused by the database; a re-evaluation is a new record linked to the old one,
     and the newest evaluation is the one that counts."""

@@ -315,3 +315,25 @@ def test_a_baseline_outside_its_contract_stops_the_run_before_any_candidate(tmp_
     assert "baseline" in result.stopped and "outside its contract" in result.stopped
     assert "VIOLATION" in result.stopped
     assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.blocks)
+
+
+def test_a_candidate_timed_in_place_of_an_accepted_one_records_which(tmp_path):
+    """The end-to-end speedup of a region's second candidate is over the first, and its record says so
+    (``e2e.against``), so that the knowledge base can rank the two by their speedup over the base."""
+    from kopt.agent.bench import BenchConfig, measure
+
+    class SameTime:  # the speedup's value is not what is checked here
+        name, lower = "fixed", "eager"
+
+        def samples(self, chosen, count, stream):
+            return [1.0] * count
+
+    model, inputs = tiny_block_stack()
+    first, _ = _gated_candidate(model, inputs)
+    second = dataclasses.replace(first, source=first.source + "\n# the same computation, another proposal\n")
+    graphs = capture_graphs(model, inputs, regional=True)
+    config = BenchConfig(samples=3, resamples=50)
+    alone = measure(graphs, {}, first, SameTime(), config)
+    replacing = measure(graphs, {first.region_signature: first}, second, SameTime(), config)
+    assert alone.speedup.against is None
+    assert replacing.speedup.against == first.content_hash != second.content_hash
