@@ -101,10 +101,11 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
     command.add_argument("--regional", action=argparse.BooleanOptionalAction, default=None,
                          help="one graph per repeated block class, timed as kopt.compile(regional=True) runs the "
                               "whole forward (default: with --lower inductor when the model has repeated blocks)")
-    command.add_argument("--between-blocks", choices=["eager", "linears", "outer"], default=None,
+    command.add_argument("--between-blocks", choices=["eager", "linears", "outer", "compiled"], default=None,
                          help="what a regional run compiles between the blocks (kopt.compile's between_blocks): eager, "
-                              "linears (the large linears), outer (the code around the module that runs the blocks: "
-                              "an LLM's LM head and logit cap) (default: linears with --fp8, else eager)")
+                              "linears (the large linears), outer (the code around the module that runs the blocks: an "
+                              "LLM's LM head and logit cap), compiled (all of the model's code, a block call one op) "
+                              "(default: linears with --fp8, else eager)")
     command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
     command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)

@@ -447,7 +447,10 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                     event = verified.event
                     log.info("agent: verified ahead on %s in %.1f s", event.worker, event.ended - event.started)
                 began = time.monotonic()
-                lesser = settled_by(candidate, kb.latest(signature=candidate.region_signature, environment=environment))
+                lesser = None
+                if candidate.kind is CandidateKind.PASS_CHOICE:
+                    lesser = settled_by(candidate, kb.latest(signature=candidate.region_signature,
+                                                             environment=environment))
                 if lesser is not None:  # adds FP8 rounding to a choice whose model output already missed
                     reason = settled_reason(candidate, lesser)
                     evaluation = Evaluation(candidate, Status.REJECTED, reason,

@@ -11,7 +11,7 @@ model's forward, replayed from one CUDA graph when CUDA graphs are on (:mod:`kop
 the code between blocks included. A side lowers one graph per block class: seconds, not minutes.
 
 Why two sides can share one module: a regional compile sets each block's ``_compiled_call_impl``
-(with ``between_blocks="compiled"``, the model's and a ``forward`` per block: :mod:`kopt.between_blocks`);
+(with ``between_blocks="outer"`` the model's too, and the trunk's opaque ``forward``: :mod:`kopt.between_blocks`);
 each side keeps the ones it set and puts them back before each of its calls (:meth:`_Side.activate`),
 and each has dynamo cache state of its own (:func:`kopt.dynamo_cache.compile_blocks_isolated`).
 Sides never change the module's weights: derived constants are copies (``share_weights=False``),
@@ -87,14 +87,15 @@ def side_problem(report: Any) -> str:
 def _room_for_every_side(between_blocks: str) -> Any:
     """Where sides share a frame's dynamo cache, room for an entry per side.
 
-    With ``between_blocks="outer"`` dynamo compiles the model's own ``forward`` below a graph break:
-    without ``isolate_recompiles`` (torch < 2.13) that frame's cache is its code's, shared by every side
-    of the run (each entry guarded by its backend), and the 9th side would run it eagerly."""
+    With ``between_blocks="outer"`` dynamo compiles the model's own ``forward`` below a graph break (with
+    ``"compiled"``, below any break the model's own code makes): without ``isolate_recompiles`` (torch <
+    2.13) that frame's cache is its code's, shared by every side of the run (each entry guarded by its
+    backend), and the 9th side would run it eagerly."""
     import contextlib
 
     from kopt.dynamo_cache import ISOLATES_RECOMPILES
 
-    if between_blocks != "outer" or ISOLATES_RECOMPILES:
+    if between_blocks not in ("outer", "compiled") or ISOLATES_RECOMPILES:
         return contextlib.nullcontext()
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"

@@ -58,10 +58,11 @@ def main() -> None:
                              "(default: when the model has repeated blocks)")
     parser.add_argument("--fp8", action="store_true",
                         help="also propose FP8 pipelines (kopt.fp8.Fp8Config(): its quality gate is the contract)")
-    parser.add_argument("--between-blocks", default=None, choices=["eager", "linears", "outer"],
+    parser.add_argument("--between-blocks", default=None, choices=["eager", "linears", "outer", "compiled"],
                         help="what a regional run compiles between the blocks (kopt.compile's between_blocks): eager, "
-                             "linears (the large linears), outer (the code around the module that runs the blocks: "
-                             "an LLM's LM head and logit cap) (default: linears with --fp8, else eager)")
+                             "linears (the large linears), outer (the code around the module that runs the blocks: an "
+                             "LLM's LM head and logit cap), compiled (all of the model's code, each block call one op) "
+                             "(default: linears with --fp8, else eager)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the results (default $OUT/benchmarks/results)")
     args = parser.parse_args()

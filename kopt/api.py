@@ -221,8 +221,11 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
             with at least 1024 input and output features on its own (an LLM's LM head), so that FP8
             and the knowledge base's choices reach it (:func:`kopt.regional.linears_between_blocks`);
             ``"outer"`` compiles the model's code around the module that runs the blocks (an LLM's LM
-            head with its logit soft cap, as one graph; :mod:`kopt.between_blocks`; weights outside the
-            blocks are then never released; a model whose own forward runs its blocks is refused).
+            head with its logit soft cap, as one graph; :mod:`kopt.between_blocks`; a model whose own
+            forward runs its blocks is refused); ``"compiled"`` compiles all of the model's own code,
+            each block call one ``kopt::opaque_block`` op in its graph (:mod:`kopt.opaque_blocks`:
+            FLUX.1's guidance scaled without eager's rounding, every DiT's embeddings and output layers
+            fused). With either, weights outside the blocks are never released.
         share_weights: the module's weights that a merged constant holds row for row (Q/K/V and
             other sibling projections) become views of it, so their bytes are held once
             (:mod:`kopt.fx.shared_weights`) and writes to them need no per-call checksum. They

@@ -21,6 +21,7 @@ from kopt.compiled_graph import CompiledGraph
 from kopt.config import CompileOptions, Lowering, Role, WeightChange, WeightCheck, mode_options
 from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
 from kopt.fp8.config import Fp8Config
+from kopt.opaque_blocks import blocks_as_written
 from kopt.passes.base import Fuel, Pass
 from kopt.passes.pipeline import PassSpec, resolve
 from kopt.progress import show_progress
@@ -153,7 +154,7 @@ class KoptBackend:
                                     for reason, count in now.items()
                                     if count > self._breaks_before.get(reason, 0) and not designed_break(reason)]
         try:
-            with show_progress(self.options.progress):
+            with show_progress(self.options.progress), blocks_as_written():
                 compiled = CompiledGraph(self, graph_module, list(example_inputs), graph_report)
         except RestartAnalysis:  # dynamo traces the frame again and calls the backend with the new graph
             self.report.graphs.remove(graph_report)

@@ -112,27 +112,36 @@ def restore_forward(module: nn.Module) -> None:
         module.forward = saved
 
 
-def compiled_state(modules: list[nn.Module]) -> dict[nn.Module, tuple[Any, Any]]:
-    """Each module's compiled entry points (``_compiled_call_impl`` and an instance ``forward``): what
-    one regional compile set, to put back before calling it (two compiles can share one module)."""
-    return {m: (m._compiled_call_impl, m.__dict__.get("forward", _MISSING)) for m in modules}
+# instance attributes a regional compile may set: the module's compiled call, an instance ``forward``
+# (a trunk's here, an opaque block's in kopt.opaque_blocks) and an opaque block's compiled code
+_ENTRY_POINTS = ("_compiled_call_impl", "forward", "_kopt_compiled")
 
 
-def set_state(state: dict[nn.Module, tuple[Any, Any]]) -> None:
+def compiled_state(modules: list[nn.Module]) -> dict[nn.Module, tuple[Any, ...]]:
+    """Each module's compiled entry points, as its instance dictionary holds them (:data:`_ENTRY_POINTS`):
+    what one regional compile set, to put back before calling it (two compiles can share one module).
+    Exactly as held: dynamo guards on whether the dictionary has an entry, not only on its value."""
+    return {m: tuple(m.__dict__.get(name, _MISSING) for name in _ENTRY_POINTS) for m in modules}
+
+
+def set_state(state: dict[nn.Module, tuple[Any, ...]]) -> None:
     """Put back what :func:`compiled_state` saw."""
-    for module, (call_impl, forward) in state.items():
-        module._compiled_call_impl = call_impl
-        if forward is _MISSING:
-            module.__dict__.pop("forward", None)
-        else:
-            module.forward = forward
+    for module, values in state.items():
+        for name, value in zip(_ENTRY_POINTS, values, strict=True):
+            if value is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = value
 
 
 def run_as_written(modules: list[nn.Module]) -> None:
     """Clear ``modules``' compiled entry points: calls run each module as written, until
     :func:`set_state` puts them back."""
+    from kopt.opaque_blocks import run_as_written as block_as_written
+
     for module in modules:
         module._compiled_call_impl = None
+        block_as_written(module)
         if is_opaque(module):
             saved = module.__dict__[_SAVED]
             if saved is _MISSING:

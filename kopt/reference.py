@@ -27,6 +27,7 @@ an input mutated in place), or a bit-level reinterpretation of a floating tensor
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import warnings
 import weakref
@@ -45,6 +46,10 @@ _COMPLEX_OF = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 _COMPLEX_RANK = {torch.complex32: 1, torch.complex64: 2, torch.complex128: 3}
 # ops whose ``half_to_float`` flag is only valid for a half-precision input (which the mode upcast)
 _HALF_TO_FLOAT = (aten._softmax.default, aten._log_softmax.default)
+
+
+_ACTIVE_DTYPE: contextvars.ContextVar[torch.dtype | None] = contextvars.ContextVar("kopt_reference_dtype",
+                                                                               default=None)
 
 
 class ReferenceUnavailable(RuntimeError):
@@ -194,15 +199,26 @@ def run_reference(fn: Callable[..., Any], *args: Any, dtype: torch.dtype | None 
         device = sample.device if sample is not None else torch.device("cpu")
         dtype = reference_dtype(device, sample.dtype if sample is not None else None)
     mode = HigherPrecision(dtype, stats)
+    active = _ACTIVE_DTYPE.set(dtype)
     if upcast_inputs is True:
         args, kwargs = pytree.tree_map(mode._upcast, (args, kwargs))
     elif upcast_inputs:
         args = tuple(pytree.tree_map(mode._upcast, a) if i in upcast_inputs else a for i, a in enumerate(args))
-    with torch.no_grad(), _full_precision_matmuls(), warnings.catch_warnings(), _UpcastBeforeDtypeChecks(mode), mode:
-        # torch.rms_norm and layer_norm warn that mixed input/weight dtypes skip their fused kernel:
-        # they do, and the unfused path then runs under the mode in the reference dtype
-        warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
-        return fn(*args, **kwargs)
+    try:
+        with (torch.no_grad(), _full_precision_matmuls(), warnings.catch_warnings(), _UpcastBeforeDtypeChecks(mode),
+              mode):
+            # torch.rms_norm and layer_norm warn that mixed input/weight dtypes skip their fused kernel:
+            # they do, and the unfused path then runs under the mode in the reference dtype
+            warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+            return fn(*args, **kwargs)
+    finally:
+        _ACTIVE_DTYPE.reset(active)
+
+
+def active_reference_dtype() -> torch.dtype | None:
+    """The dtype of the reference computation running now (:func:`run_reference`), or None: an op that
+    runs compiled code of its own (:mod:`kopt.opaque_blocks`) runs its module as written instead."""
+    return _ACTIVE_DTYPE.get()
 
 
 def reference_forward(module: torch.nn.Module, *args: Any, dtype: torch.dtype | None = None,

@@ -28,7 +28,9 @@ a compile and a guard check per call.
 
 ``between_blocks="outer"`` compiles the model's code around the module that runs the blocks, that
 module's call opaque to it (:mod:`kopt.between_blocks`): an LLM's LM head with the logit soft cap
-after it, as one graph.
+after it, as one graph. ``between_blocks="compiled"`` compiles all of the model's own code, each block
+call one op in its graph (:mod:`kopt.opaque_blocks`): FLUX.1's guidance scaled without rounding, every
+DiT's embeddings and output layers fused. Weights outside the blocks are never released with either.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from kopt.config import WeightChange
 from kopt.dynamo_cache import compile_blocks_isolated
 from kopt.errors import kopt_errors_unwrapped
 from kopt.forward_replay import ForwardReplay
+from kopt.opaque_blocks import compile_with_opaque_blocks
+from kopt.opaque_blocks import restore as restore_block
 from kopt.release import Release
 
 
@@ -55,7 +59,7 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return _outermost_list_items(model)
 
 
-BETWEEN_BLOCKS = ("eager", "linears", "outer")
+BETWEEN_BLOCKS = ("eager", "linears", "outer", "compiled")
 # A linear with fewer input or output features is no GEMM worth a graph of its own (Fp8Config's default too)
 MIN_FEATURES = 1024
 
@@ -78,6 +82,8 @@ def regional_modules(model: nn.Module, between_blocks: str = "eager") -> list[nn
     if between_blocks == "outer" and modules:
         holder = trunk(model, modules)
         return modules + ([model] if holder is model else [model, holder])
+    if between_blocks == "compiled" and modules:
+        return modules + [model]
     return modules + linears_between_blocks(model) if between_blocks == "linears" and modules else modules
 
 
@@ -121,6 +127,11 @@ def compile_blocks(model: nn.Module, backend: Callable[..., Any], *, fullgraph: 
         blocks = repeated_blocks(model)  # the names returned are the blocks' classes
         compile_outer(model, blocks, backend, dynamic=dynamic)
         compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
+    elif between_blocks == "compiled":
+        if not isolate:
+            raise ValueError("between_blocks='compiled' compiles with cache state of its own (isolate=True)")
+        blocks = repeated_blocks(model)  # the names returned are the blocks' classes
+        compile_with_opaque_blocks(model, blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
     elif isolate:
         compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
     else:
@@ -136,6 +147,7 @@ def uncompile_blocks(model: nn.Module) -> None:
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
         restore_forward(module)
+        restore_block(module)
 
 
 class KoptRegional(nn.Module):
@@ -217,7 +229,8 @@ def compile_regional(model: nn.Module, backend: Any, *, fullgraph: bool = False,
         backend.graphs_held_back = "held back: the whole forward is replayed from one CUDA graph (regional)"
         backend.max_graphs = 1024  # then one recording per block (each calls it with its own weights)
     blocks = compile_blocks(model, backend, fullgraph=fullgraph, dynamic=dynamic, between_blocks=between_blocks)
-    # "outer": the trunk runs as written, and what its code reads is outside the blocks
-    compiled = repeated_blocks(model) if between_blocks == "outer" else regional_modules(model, between_blocks)
+    # "outer": the trunk runs as written; both: what the code outside the blocks reads stays (module docstring)
+    outside = between_blocks in ("outer", "compiled")
+    compiled = repeated_blocks(model) if outside else regional_modules(model, between_blocks)
     backend.read_outside = weights_read_outside(model, compiled)
     return KoptRegional(model, backend, blocks, replay=replay, release_weights=release_weights)

@@ -174,6 +174,11 @@ KOPT_OPTIONS: dict[str, dict[str, Any]] = {
     # regional with the model's code around the module that runs the blocks compiled too (an LLM's LM head
     # and logit soft cap as one graph: kopt.between_blocks)
     "kopt-regional-outer": dict(passes="auto", regional=True, between_blocks="outer"),
+    # regional with all of the model's own code compiled, each block call one op in its graph (kopt.opaque_blocks):
+    # FLUX.1's guidance scaled without eager's rounding, the embeddings and output layers fused
+    "kopt-regional-compiled": dict(passes="auto", regional=True, between_blocks="compiled"),
+    "kopt-regional-compiled-fp8-attn": dict(passes="auto", regional=True, fp8=Fp8Config(attention=True),
+                                            between_blocks="compiled"),
     # regional with Inductor's tuning for every graph (GEMM templates against cuBLAS, launch configs; CUDA graphs on):
     # what the agent's lowering choices try graph by graph, against torch.compile-max-autotune+graphs
     "kopt-regional-max-autotune": dict(passes="auto", regional=True, mode="max-autotune"),
@@ -322,6 +327,7 @@ DEFAULT_FULL = ("eager", "torch.compile", "torch.compile+graphs", "kopt", "fp8+t
 DEFAULT_TINY = tuple(v.name for v in all_variants()
                      if not v.name.startswith(("kopt-no-", "kopt-regional-no-", "kopt-fused"))
                      and not v.name.endswith(("-nopdl", "-keep-weights"))
+                     and v.name not in ("kopt-regional-outer", "torch.compile-full+graphs")  # LLM rows; no CPU graphs
                      and "max-autotune" not in v.name)  # on a CPU it tunes C++ GEMM templates for minutes
 
 

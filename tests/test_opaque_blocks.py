@@ -1,0 +1,240 @@
+"""``between_blocks="compiled"``: all of the model's own code is compiled, each repeated block's call one
+``kopt::opaque_block`` op in its graph (:mod:`kopt.opaque_blocks`). The blocks keep one graph per
+class, the model's code is one graph whatever the depth, FLUX.1's guidance is scaled without eager's
+rounding, outputs that alias are copied, weights outside the blocks are never released, the agent's
+sides keep their entry points, and ``undo()`` gives the module back."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kopt
+from kopt.fp8 import Fp8Config
+from kopt.opaque_blocks import is_opaque
+from kopt.reference import reference_forward
+from kopt.release import is_released
+from kopt.workloads import get_workload
+from tests.conftest import rel_err
+from tests.test_regional_between_blocks import _TiedLM
+
+
+def _ops(compiled: kopt.regional.KoptRegional) -> list[list[str]]:
+    """Per compiled graph, the names of the functions dynamo's graph calls, in order."""
+    return [[getattr(n.target, "__name__", str(n.target)) for n in g.dynamo_graph.graph.nodes
+             if n.op == "call_function"] for g in compiled._kopt_backend.compiled]
+
+
+def _untouched(model: nn.Module) -> bool:
+    return all(getattr(m, "_compiled_call_impl", None) is None and "forward" not in m.__dict__
+               and not is_opaque(m) and "_kopt_compiled" not in m.__dict__ for m in model.modules())
+
+
+def _flux1(layers: int = 1, single: int = 1, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, dict]:
+    import diffusers
+
+    workload = get_workload("flux1")
+    tiny = workload.build_model("tiny")
+    config = {k: v for k, v in dict(tiny.config).items() if not k.startswith("_")}
+    config.update(num_layers=layers, num_single_layers=single)
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(**config).to(dtype).eval().requires_grad_(False)
+    inputs = workload.build_inputs("tiny", torch.device("cpu"), dtype, torch.Generator().manual_seed(1), False)
+    return model, inputs
+
+
+def test_the_models_code_is_one_graph_with_a_call_per_block_whatever_the_depth():
+    counts = []
+    for layers, single in ((1, 1), (2, 3)):
+        model, inputs = _flux1(layers, single)
+        with torch.no_grad():
+            exact = reference_forward(model, **inputs)[0]
+            compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+            out = compiled(**inputs)[0]
+        ops = _ops(compiled)
+        outer = [o for o in ops if "opaque_block" in o]
+        assert len(outer) == 1 and outer[0].count("opaque_block") == layers + single  # one call per block
+        assert "sin" in outer[0] and "cos" in outer[0]  # the timestep and guidance embeddings
+        assert compiled.blocks == ["FluxSingleTransformerBlock", "FluxTransformerBlock"]
+        assert compiled.kopt_report.graph_breaks == []
+        assert rel_err(out, exact) < 1e-5
+        counts.append(sum("opaque_block" not in o for o in ops))  # the blocks' own graphs
+        compiled.undo()
+        assert _untouched(model)
+    assert counts[0] == 2 and counts[1] <= 3, counts  # one per class (a class may compile twice: its guards)
+
+
+def test_flux1s_guidance_is_scaled_without_eagers_rounding():
+    """FLUX.1's forward computes ``guidance.to(bf16) * 1000`` (3500 -> 3504) before its sinusoid. With the
+    model's code compiled, Inductor fuses the multiply and does not round: the output moves several
+    times closer to the float32 reference than regional compilation with eager code between blocks."""
+    model, inputs = _flux1(dtype=torch.bfloat16)
+    with torch.no_grad():
+        exact = reference_forward(model, **inputs)[0]
+        errors = {}
+        for between_blocks in ("eager", "compiled"):
+            compiled = kopt.compile(model, regional=True, between_blocks=between_blocks, progress=False)
+            errors[between_blocks] = rel_err(compiled(**inputs)[0], exact)
+            graphs = compiled.kopt_report.graphs
+            assert not any(g.fallback for g in graphs), [g.fallback for g in graphs]
+            checks = [g.lowering_check for g in graphs]
+            assert all(c is not None and c.ok and not c.note for c in checks), checks  # the outer graph checked too
+            # the model's code and one graph per block class: no block compiled again inside the outer
+            # graph's compile (its checks run the blocks as written)
+            assert len(graphs) == (3 if between_blocks == "compiled" else 2)
+            compiled.undo()
+    assert errors["compiled"] * 4 < errors["eager"], errors
+
+
+class _Views(nn.Module):
+    """Returns its input unchanged and two views of one new tensor: outputs an op may not alias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, ...]:
+        y = self.proj(x) * scale
+        return x, y[:, :3], y[:, 3:]
+
+
+class _ViewStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Views() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x
+        for layer in self.layers:
+            same, head, tail = layer(x, scale=0.5)
+            total = total + same + torch.cat([head, tail], dim=1)
+        return total
+
+
+def test_outputs_that_alias_an_input_or_each_other_are_copied():
+    torch.manual_seed(0)
+    model = _ViewStack().eval().requires_grad_(False)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        assert torch.allclose(compiled(x), eager, rtol=1e-6, atol=1e-6)
+        compiled.undo()
+    assert _untouched(model)
+
+
+class _DictCall(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8)) for _ in range(2))
+        for layer in self.layers:
+            layer.forward = lambda x, extra, layer=layer: nn.Sequential.forward(layer, x) + extra["bias"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, {"bias": x})
+        return x
+
+
+def test_a_call_the_op_cannot_carry_breaks_the_graph_and_says_so():
+    """A dict argument cannot ride on the op: that call breaks the graph (reported under its own name)
+    and the block still runs its compiled code, with the same result."""
+    torch.manual_seed(0)
+    model = _DictCall().eval().requires_grad_(False)
+    own = [layer.forward for layer in model.layers]  # instance forwards of the user's: put back by undo()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        out = compiled(x)
+    assert torch.allclose(out, eager, rtol=1e-6, atol=1e-6)
+    assert any("arguments_no_op_carries" in b for b in compiled.kopt_report.graph_breaks)
+    assert any("linear" in ops for ops in _ops(compiled))  # the block compiled all the same
+    compiled.undo()
+    assert [layer.forward for layer in model.layers] == own and not any(is_opaque(m) for m in model.modules())
+
+
+def test_weights_outside_the_blocks_are_never_released():
+    """The LM head's FP8 copy leaves its weight unread by any graph, but it is the embedding's too: only
+    the blocks' unread originals are freed."""
+    torch.manual_seed(0)
+    model = _TiedLM().eval().requires_grad_(False)
+    ids = torch.randint(0, 1536, (1, 8))
+    with torch.no_grad():
+        exact = reference_forward(model, ids)
+        compiled = kopt.compile(model, regional=True, lower="eager", fp8=Fp8Config(min_features=16),
+                                release_weights=True, between_blocks="compiled", progress=False)
+        first = compiled(ids)
+        second = compiled(ids)
+    graphs = compiled.kopt_report.graphs
+    assert sum(any(r.name == "fp8-linear" and r.matches for r in g.passes) for g in graphs) == 2  # model, block
+    assert compiled.kopt_report.released_bytes > 0
+    assert not is_released(model.embed.weight) and model.embed.weight is model.head.weight
+    assert any(is_released(p) for p in model.layers.parameters())
+    assert torch.equal(first, second) and 0 < rel_err(second, exact) < 0.1
+
+
+def test_the_agents_clock_puts_each_sides_entry_points_back():
+    from kopt.agent.regional_clock import RegionalClock
+    from kopt.passes.base import Contract
+
+    torch.manual_seed(0)
+    model = _TiedLM().eval().requires_grad_(False)
+    ids = torch.randint(0, 1536, (1, 8))
+    clock = RegionalClock(model, (ids,), lower="eager", between_blocks="compiled")
+    try:
+        assert len(clock.samples({}, 2, 0)) == 2
+        rows = clock.model_checks({}, Contract.tolerance(1e-5), seed=3)
+        assert rows and all(r["ok"] for r in rows)
+        assert all(is_opaque(layer) for layer in model.layers) and model._compiled_call_impl is not None
+        assert len(clock.report({}).graphs) == 2  # the model's code and the block class
+    finally:
+        clock.close()
+    assert _untouched(model)
+
+
+def test_new_sizes_compile_once_more_with_symbolic_sizes():
+    """The op's fake implementation runs the block as written, so it follows symbolic sizes: a second
+    prompt length recompiles once, and every later length reuses that graph, each output as eager's."""
+    torch.manual_seed(0)
+    model = _TiedLM().eval().requires_grad_(False)
+    prompts = [torch.randint(0, 1536, (1, n)) for n in (8, 12, 5, 17)]
+    with torch.no_grad():
+        eager = [model(ids) for ids in prompts]
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        outs = [compiled(ids) for ids in prompts]
+    assert len(compiled.kopt_report.graphs) == 4  # the model's code and the block, static then symbolic
+    assert all(rel_err(out, ref) < 1e-5 for out, ref in zip(outs, eager, strict=True))
+    compiled.undo()
+    assert _untouched(model)
+
+
+class _HostReadInLoop(nn.Module):
+    """A loop dynamo gives up on (a value read on the host between blocks), as Mochi's and HiDream's are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+            if x.abs().max().item() > 1e6:
+                x = x / 1e6
+        return x
+
+
+def test_a_loop_dynamo_runs_as_written_still_calls_each_block_through_its_graph():
+    """Then each opaque forward is called as written (never compiled alone: each block's handle would
+    become a symbolic int at the second block) and runs the block's compiled graph."""
+    torch.manual_seed(0)
+    model = _HostReadInLoop().eval().requires_grad_(False)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        outs = [compiled(x) for _ in range(2)]
+    assert all(torch.allclose(out, eager, rtol=1e-6, atol=1e-6) for out in outs)
+    assert sum("linear" in ops for ops in _ops(compiled)) == 1  # one graph for the three blocks
+    compiled.undo()
+    assert _untouched(model)
