@@ -27,17 +27,14 @@ reads them: :func:`kopt.regional.weights_read_outside`).
 from __future__ import annotations
 
 import functools
-import itertools
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from kopt.dynamo_cache import ISOLATES_RECOMPILES
+from kopt.dynamo_cache import call_module, compile_fresh
 
-_serial = itertools.count()
 _MISSING = object()
 _SAVED = "_kopt_saved_forward"  # the forward a trunk had before (its class's, or an instance attribute)
 
@@ -55,10 +52,6 @@ def trunk(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
                 or id(inner[0]) in wanted:
             return holder
         holder = inner[0]
-
-
-def _call_module(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return self._call_impl(*args, **kwargs)
 
 
 def _opaque(module: nn.Module) -> None:
@@ -89,10 +82,7 @@ def compile_outer(model: nn.Module, blocks: list[nn.Module], backend: Callable[.
                          "to compile (dynamo runs a frame that breaks inside a loop as written); use "
                          "between_blocks='eager' or 'linears'")
     _opaque(holder)
-    code = _call_module.__code__.replace(co_name=f"kopt_{type(model).__name__}_{next(_serial)}")
-    caller = types.FunctionType(code, _call_module.__globals__, code.co_name)
-    options = {"isolate_recompiles": True} if ISOLATES_RECOMPILES else {}
-    compiled = torch.compile(caller, backend=backend, fullgraph=False, dynamic=dynamic, **options)
+    compiled = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
     model._compiled_call_impl = functools.partial(compiled, model)
 
 

@@ -68,8 +68,20 @@ def compile_isolated(module: torch.nn.Module, backend: Callable[..., Any], *, fu
     return _CallerModule(module, compiled)
 
 
-def _call_block(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+def call_module(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``self(*args, **kwargs)`` through ``_call_impl`` (hooks and ``forward``), past any compiled call."""
     return self._call_impl(*args, **kwargs)
+
+
+def compile_fresh(function: Callable[..., Any], name: str, backend: Callable[..., Any], *, fullgraph: bool,
+                  dynamic: bool | None) -> Callable[..., Any]:
+    """``torch.compile(function)`` under a new code object named ``kopt_<name>_<n>``: its dynamo cache
+    belongs to this compile alone (with ``isolate_recompiles``, where torch has it, the frames below its
+    graph breaks too), so no other compilation's entries or recompile count reach it."""
+    code = function.__code__.replace(co_name=f"kopt_{name}_{next(_serial)}")
+    fresh = types.FunctionType(code, function.__globals__, code.co_name)
+    options = {"isolate_recompiles": True} if ISOLATES_RECOMPILES else {}
+    return torch.compile(fresh, backend=backend, fullgraph=fullgraph, dynamic=dynamic, **options)
 
 
 def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[..., Any], *, fullgraph: bool,
@@ -83,9 +95,6 @@ def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[...
     with itself as the first argument): its cache belongs to this compilation, and one block's graph
     still serves the others of its class, since under ``inline_inbuilt_nn_modules`` a block is an
     input of the frame, guarded by type and parameter shapes, not by identity."""
-    code = _call_block.__code__.replace(co_name=f"kopt_blocks_{next(_serial)}")
-    caller = types.FunctionType(code, _call_block.__globals__, code.co_name)
-    options = {"isolate_recompiles": True} if ISOLATES_RECOMPILES else {}  # frames below a graph break too
-    compiled = torch.compile(caller, backend=backend, fullgraph=fullgraph, dynamic=dynamic, **options)
+    compiled = compile_fresh(call_module, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
     for block in blocks:
         block._compiled_call_impl = functools.partial(compiled, block)

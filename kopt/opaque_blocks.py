@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kopt.dynamo_cache import ISOLATES_RECOMPILES
+from kopt.dynamo_cache import call_module, compile_fresh
 
 _handles = itertools.count()
 _AS_WRITTEN: contextvars.ContextVar[bool] = contextvars.ContextVar("kopt_blocks_as_written", default=False)
@@ -242,29 +242,16 @@ def _call_kept_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return self._kopt_forward(*args, **kwargs)
 
 
-def _call_module(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return self._call_impl(*args, **kwargs)
-
-
-def _compiled(function: Callable[..., Any], name: str, backend: Callable[..., Any], *, fullgraph: bool,
-              dynamic: bool | None) -> Callable[..., Any]:
-    """``torch.compile`` of ``function`` under a new code object (its dynamo cache is this compile's)."""
-    code = function.__code__.replace(co_name=f"kopt_{name}_{next(_handles)}")
-    fresh = types.FunctionType(code, function.__globals__, code.co_name)
-    options = {"isolate_recompiles": True} if ISOLATES_RECOMPILES else {}
-    return torch.compile(fresh, backend=backend, fullgraph=fullgraph, dynamic=dynamic, **options)
-
-
 def compile_with_opaque_blocks(model: nn.Module, blocks: list[nn.Module], backend: Callable[..., Any], *,
                                fullgraph: bool, dynamic: bool | None) -> None:
     """Compile ``blocks`` (one graph per class) and ``model``'s own code around them, each block's call
     one op in it, with ``backend`` (module docstring)."""
     if any(block is model for block in blocks):
         raise ValueError("the model itself is one of its repeated blocks: there is no code between blocks")
-    compiled_block = _compiled(_call_kept_forward, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
+    compiled_block = compile_fresh(_call_kept_forward, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
     for block in blocks:
         _opaque_forward(block, compiled_block)
-    compiled_model = _compiled(_call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
+    compiled_model = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
     model._compiled_call_impl = functools.partial(compiled_model, model)
 
 
