@@ -57,8 +57,8 @@ def _encode(value: Any) -> tuple | None:
         return ("tensor",)
     if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
         return ("tensors", type(value).__name__, len(value))
-    if isinstance(value, _CONSTANTS):
-        return ("constant", value)
+    if isinstance(value, _CONSTANTS):  # with its type: True == 1, and a call with either is another call
+        return ("constant", type(value).__name__, value)
     return None
 
 
@@ -90,7 +90,7 @@ def _rebuild(structure: tuple, tensors: Sequence[torch.Tensor]) -> tuple[list[An
         if code[0] == "tensors":
             items = [next(remaining) for _ in range(code[2])]
             return tuple(items) if code[1] == "tuple" else items
-        return code[1]
+        return code[2]
 
     positional, named = structure
     return [one(c) for c in positional], {k: one(c) for k, c in named}

@@ -238,3 +238,12 @@ def test_a_loop_dynamo_runs_as_written_still_calls_each_block_through_its_graph(
     assert sum("linear" in ops for ops in _ops(compiled)) == 1  # one graph for the three blocks
     compiled.undo()
     assert _untouched(model)
+
+
+def test_a_constant_argument_is_carried_with_its_type():
+    """``True == 1`` in Python: a call with ``flag=1`` after one with ``flag=True`` is another call (its
+    block may branch on ``flag is True``), so the op records a call structure per type."""
+    from kopt.opaque_blocks import _encode
+
+    assert _encode(True) != _encode(1) and _encode(1.0) != _encode(1)
+    assert _encode(None) == ("constant", "NoneType", None) and _encode({"a": 1}) is None
