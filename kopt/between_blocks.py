@@ -16,8 +16,9 @@ follows it, which Inductor fuses and FP8 reaches.
 Why only the frames around the trunk: dynamo cannot resume a graph inside a loop. A break at a
 block's call in the frame that loops over the blocks makes dynamo run that whole frame as written
 (and compile the frames it calls instead), so the statements of the looping frame itself are out of
-reach without tracing the blocks. A model whose own ``forward`` loops over its blocks (a diffusers
-DiT) has no code around its trunk: :func:`compile_outer` refuses it, with that reason.
+reach this way. A model whose own ``forward`` loops over its blocks (a diffusers DiT) has no code
+around its trunk: :func:`compile_outer` refuses it, with that reason; ``between_blocks="compiled"``
+(:mod:`kopt.opaque_blocks`) compiles that frame too, each block call one op in its graph.
 
 Valid because a graph break runs the call it breaks at exactly as written. What it costs: one more
 graph to compile and guard. Weights outside the blocks are never released (code that runs as written
@@ -80,7 +81,8 @@ def compile_outer(model: nn.Module, blocks: list[nn.Module], backend: Callable[.
     if holder is model:
         raise ValueError(f"{type(model).__name__}'s own forward runs its blocks: there is no code around them "
                          "to compile (dynamo runs a frame that breaks inside a loop as written); use "
-                         "between_blocks='eager' or 'linears'")
+                         "between_blocks='compiled' (each block call one op in the model's graph), 'eager' or "
+                         "'linears'")
     _opaque(holder)
     compiled = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
     model._compiled_call_impl = functools.partial(compiled, model)
