@@ -28,7 +28,7 @@ from torch._dynamo.exc import RestartAnalysis
 import kopt.lowering_memory as lowering_memory
 from kopt.checks import FirstCall, LoweringCheck, as_record, check_lowering
 from kopt.config import Lowering, Role, WeightChange
-from kopt.cuda_graphs import CudaGraphRunner
+from kopt.cuda_graphs import CudaGraphRunner, CudaGraphStats
 from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
 from kopt.fx.aliasing import writes_in_place
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
@@ -38,6 +38,7 @@ from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, split_s
 from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.fx.weights import WeightBinding, bind_weights
 from kopt.lower import INDUCTOR_PATCHES_KEY, lower
+from kopt.opaque_blocks import CALLS_BLOCKS, holds_opaque_blocks
 from kopt.passes.base import Contract, ContractKind
 from kopt.passes.graph.staging import HOIST_KEY
 from kopt.passes.manager import run_passes
@@ -255,6 +256,9 @@ class CompiledGraph:
         a runner of the same graph whose counters and memory pool this one shares."""
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
         if not (self.backend.options.use_cuda_graphs and on_gpu):
+            return lowered
+        if holds_opaque_blocks(self.dynamo_graph):  # the blocks' own graphs record, never inside this one's
+            self.report.cuda_graphs = CudaGraphStats(disabled=CALLS_BLOCKS)
             return lowered
         limit = self.backend.max_graphs
         if isinstance(share_with, CudaGraphRunner):

@@ -199,6 +199,18 @@ def blocks_as_written() -> Iterator[None]:
         _AS_WRITTEN.reset(token)
 
 
+def holds_opaque_blocks(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether a graph calls blocks through ``kopt::opaque_block`` (the model's code under
+    ``between_blocks="compiled"``)."""
+    return any(node.op == "call_function" and "kopt.opaque_block" in str(node.target)
+               for node in graph_module.graph.nodes)
+
+
+# why a graph that calls blocks through the op never records a CUDA graph of its own
+CALLS_BLOCKS = ("calls the blocks through kopt::opaque_block: the whole forward is recorded, or else each block "
+                "replays its own graphs (one recording of this graph would hold the blocks' kernels too)")
+
+
 def _handle(block: nn.Module) -> int:
     """The block's handle: assigned at its first compile, kept for its life (graphs name it)."""
     handle = block.__dict__.get("_kopt_handle")

@@ -12,7 +12,7 @@ from torch import nn
 
 import kopt
 from kopt.fp8 import Fp8Config
-from kopt.opaque_blocks import is_opaque
+from kopt.opaque_blocks import CALLS_BLOCKS, holds_opaque_blocks, is_opaque
 from kopt.reference import reference_forward
 from kopt.release import is_released
 from kopt.workloads import get_workload
@@ -55,6 +55,7 @@ def test_the_models_code_is_one_graph_with_a_call_per_block_whatever_the_depth()
         ops = _ops(compiled)
         outer = [o for o in ops if "opaque_block" in o]
         assert len(outer) == 1 and outer[0].count("opaque_block") == layers + single  # one call per block
+        assert [holds_opaque_blocks(g.dynamo_graph) for g in compiled._kopt_backend.compiled].count(True) == 1
         assert "sin" in outer[0] and "cos" in outer[0]  # the timestep and guidance embeddings
         assert compiled.blocks == ["FluxSingleTransformerBlock", "FluxTransformerBlock"]
         assert compiled.kopt_report.graph_breaks == []
@@ -273,5 +274,8 @@ def test_on_a_gpu_the_whole_forward_replays_with_the_blocks_as_ops():
         eager = model(**fresh)[0]
     assert stats.disabled is None and stats.recorded == 1 and stats.replays >= 2, stats.describe()
     assert len(graphs) == 3 and not any(g.fallback for g in graphs)
+    # the model's graph never records its own CUDA graph (it would hold the blocks' kernels): the whole
+    # forward is what is recorded, or else each block replays its own
+    assert [g.cuda_graphs.disabled == CALLS_BLOCKS for g in graphs].count(True) == 1
     assert rel_err(last, exact) * 4 < rel_err(eager, exact)
     assert not torch.equal(outputs[0][0], outputs[-1][0])  # each replay computed its own inputs
