@@ -96,10 +96,12 @@ class _TiedLM(nn.Module):
         return self.head(h)
 
 
-def test_a_weight_the_code_between_blocks_reads_is_never_released():
+@pytest.mark.parametrize("between_blocks", ["linears", "compiled"])
+def test_a_weight_the_code_between_blocks_reads_is_never_released(between_blocks):
     """The LM head's FP8 copy makes its bf16 weight unread by any compiled graph, but the embedding,
     which runs between the blocks, reads the same tensor: releasing it would feed the next call freed
-    memory. The blocks' bf16 originals of their FP8 linears are released as before."""
+    memory. The blocks' bf16 originals of their FP8 linears are released as before. With "compiled"
+    the head is in the model's graph (kopt.opaque_blocks), with "linears" in one of its own."""
     from kopt.release import is_released
 
     torch.manual_seed(0)
@@ -108,9 +110,11 @@ def test_a_weight_the_code_between_blocks_reads_is_never_released():
     with torch.no_grad():
         exact = reference_forward(model, ids)
         compiled = kopt.compile(model, regional=True, lower="eager", fp8=Fp8Config(min_features=16),
-                                release_weights=True, between_blocks="linears")
+                                release_weights=True, between_blocks=between_blocks, progress=False)
         first = compiled(ids)
         second = compiled(ids)
+    graphs = compiled.kopt_report.graphs
+    assert sum(any(r.name == "fp8-linear" and r.matches for r in g.passes) for g in graphs) == 2  # block, head
     assert compiled.kopt_report.released_bytes > 0  # the blocks' quantized linears
     assert not is_released(model.embed.weight) and model.embed.weight is model.head.weight
     assert any(is_released(p) for p in model.layers.parameters())
