@@ -127,7 +127,8 @@ def pool_after_failed_capture(pool: Any, stream: torch.cuda.Stream) -> Any:
     recording to mempool_id"), so a forward whose first recording failed on a host read could
     never be recorded with the read baked in. The stale routing is ended where torch exposes the
     call (best effort: any error is ignored), and the next recording gets a fresh pool and a capture
-    stream of its own either way (should the routing survive, it applies to the old stream only)."""
+    stream of its own either way (should the routing survive, it applies to the old stream only).
+    The device's random generator is taken out of capture mode too (:func:`end_generator_capture`)."""
     torch.cuda.set_stream(stream)
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     if end is not None:
@@ -135,7 +136,25 @@ def pool_after_failed_capture(pool: Any, stream: torch.cuda.Stream) -> Any:
             end(torch.cuda.current_device(), pool)
         except Exception:  # noqa: BLE001 - nothing was routed, or this torch ends it differently
             pass
+    end_generator_capture()
     return torch.cuda.graph_pool_handle()
+
+
+def end_generator_capture() -> None:
+    """Take the current device's default random generator out of the capture mode a failed capture
+    left it in.
+
+    A capture puts the generator in capture mode when it begins and takes it out where it ends
+    cleanly; a capture that raised never gets there, and from then on every random op outside a
+    capture in the whole process (``torch.randn(..., device="cuda")``, dropout) raises "Offset
+    increment outside graph capture encountered unexpectedly". Valid repair: a capture that ends
+    cleanly begins and ends that mode on the same generator, so one tiny capture, dropped at once,
+    leaves it as it was before the failed one (its seed and offset untouched: nothing random runs)."""
+    scratch = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        scratch.add_(1)
+    del graph
 
 
 def describe_failure(error: BaseException) -> str:
@@ -249,7 +268,7 @@ class CudaGraphRunner:
             out, reads = call_noting_host_reads(self.fn, args)
         except Exception:  # noqa: BLE001 - only a diagnosis: the plain call must still happen
             out, reads = self.fn(*args), []
-        where = f"{reads[0]}" + (f" and {len(reads) - 1} more place(s)" if len(reads) > 1 else "")
+        where = (f"{reads[0]}" + (f" and {len(reads) - 1} more place(s)" if len(reads) > 1 else "")) if reads else ""
         if not self._retrying:
             self._retrying, self._bake_reads = True, bool(reads)
             self.stats.skipped = (f"{failure}; the next recording warms up as a capture would run"

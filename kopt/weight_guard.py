@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from kopt.config import WeightCheck
-from kopt.cuda_graphs import capturing
+from kopt.cuda_graphs import capturing, pool_after_failed_capture
 from kopt.release import is_released
 
 _SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -151,14 +151,17 @@ class _DeviceSums:
         same addresses: a weight given new storage is caught by the storage check first, and
         :meth:`snapshot` (which follows) drops the recording. A recording that fails leaves the
         comparison launched op by op, with the reason in :attr:`graph_error`."""
+        graph, caller, pool, began = torch.cuda.CUDAGraph(), torch.cuda.current_stream(), None, False
         try:
             self._differs(args)  # warm-up on this stream: the recording must not allocate first-time state
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self._stream):
+            pool, began = torch.cuda.graph_pool_handle(), True
+            with torch.cuda.graph(graph, pool=pool, stream=self._stream):
                 differs = self._differs(args)
                 any_differs = torch.stack([d.any() for d in differs.values()]).any()
         except Exception as error:  # noqa: BLE001 - an op that cannot be recorded: compare op by op
             self.graph_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+            if began:  # kopt.cuda_graphs: the stream, the allocator's routing and the random generator
+                pool_after_failed_capture(pool, caller)
             return
         self._graph, self._recorded = graph, (differs, any_differs)
 

@@ -60,11 +60,14 @@ def trial_inputs(region: Region, plan: TrialPlan) -> list[torch.Tensor]:
 
 
 def expected_outputs(region: Region, plan: TrialPlan, inputs: list[torch.Tensor]) -> list[OutputSpec]:
-    """Shapes, dtypes and strides of the original's outputs at the trial's sizes (FakeTensor run)."""
+    """Shapes, dtypes and strides of the original's outputs at the trial's sizes (FakeTensor run, on
+    the CPU: a region captured on a GPU names its device in literals such as ``full(device=cuda)``,
+    which follow the fake inputs' device like every other run of a region, :mod:`kopt.agent.interpret`)."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
         fakes = [empty_with_layout(t.shape, t.stride(), t.shape, t.dtype) for t in inputs]
-    interpreter = RegionInterpreter(region.graph_module, symbols=symbols_of(region), resize=dict(plan.resize))
+    interpreter = RegionInterpreter(region.graph_module, symbols=symbols_of(region), resize=dict(plan.resize),
+                                    device=torch.device("cpu"))
     with fake_mode, torch.no_grad():
         outputs = interpreter.run(*fakes)
     return [OutputSpec(tuple(int(d) for d in o.shape), o.dtype, tuple(int(s) for s in o.stride())) for o in outputs]

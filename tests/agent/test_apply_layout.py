@@ -54,3 +54,24 @@ def test_an_occurrence_with_another_output_layout_is_no_region_and_the_model_sti
     first_expected, first_got = expected[0], got[0]
     error = (first_got.double() - first_expected.double()).norm() / first_expected.double().norm()
     assert first_expected.abs().sum() > 0 and error < 1e-5
+
+
+def test_a_region_captured_on_a_gpu_has_its_layout_read_on_any_device():
+    """A region captured on a GPU names that device in its literals (``ones(device=cuda)``); reading
+    the layout it returns (a FakeTensor run on CPU fakes) maps them like every other run of a region,
+    instead of failing on mixed devices mid-run (it stopped an agent run on Gemma 2)."""
+    from kopt.agent.apply import native_strides
+    from kopt.agent.region import from_function
+
+    def biased(x):
+        return x * 2.0 + torch.ones(x.shape[-1], device=x.device)
+
+    region = from_function(biased, torch.randn(4, 8))
+    literals = 0
+    for node in region.graph_module.graph.nodes:
+        if isinstance(node.kwargs.get("device"), torch.device):
+            node.kwargs = {**node.kwargs, "device": torch.device("cuda", 0)}
+            literals += 1
+    region.graph_module.recompile()
+    assert literals == 1
+    assert native_strides(region) == [(8, 1)]
