@@ -66,3 +66,19 @@ def test_warm_compile_comes_from_the_latest_file_that_measured_it(tmp_path):
     assert (row["warm_compile_s"], row["warm_file"], row["warm_goal_met"]) == (7.5, "old.json", True)
     main([str(older), str(newer), "--out", str(tmp_path / "goals")])
     assert "7.5 (met ≤ 10 s, old.json)" in (tmp_path / "goals.md").read_text()
+
+
+def test_fp8_takes_the_compiled_model_code_row_where_a_run_measured_it(tmp_path):
+    """The FP8 row with the model's code compiled is kopt's row where present (it is the one that keeps
+    the contract on FLUX.1); the device each row ran on is named beside its file."""
+    source = tmp_path / "c.json"
+    source.write_text(json.dumps({
+        "rows": [_row("fp8+torch.compile-fast-accum+graphs", 100.0, 10.0, 1.0),
+                 _row("kopt-regional-fp8-attn", 85.0, 20.0, 1.0, cosine=0.9967),
+                 _row("kopt-regional-compiled-fp8-attn", 86.0, 21.0, 1.0, cosine=0.9998)],
+        "breakdown": [], "per_model": {}, "meta": {"device": "NVIDIA H100 80GB HBM3"}}))
+    (fp8,) = goal_rows([source])
+    assert fp8["variant"] == "kopt-regional-compiled-fp8-attn" and fp8["accuracy_goal_met"]
+    assert abs(fp8["gain_pct"] - 14.0) < 1e-9 and fp8["speed_goal_met"]
+    main([str(source), "--out", str(tmp_path / "goals")])
+    assert "c.json (NVIDIA H100 80GB HBM3)" in (tmp_path / "goals.md").read_text()
