@@ -7,8 +7,8 @@
 For each model and precision: kopt's row (``kopt-regional`` / ``kopt-regional-compiled-fp8-attn`` where
 measured, else ``kopt-regional-fp8-attn``, else the whole-model ``kopt`` / ``kopt-fp8-attn``) against the
 fastest baseline of that precision (:func:`benchmarks.dit.summary.best_baselines`: torch.compile with
-CUDA-graph replay, or its replay bound where the forward cannot be recorded), its cold and warm compile time against the baseline's
-(warm from the latest file that measured it, named when it is another file),
+CUDA-graph replay, or its replay bound where the forward cannot be recorded), its cold and warm compile
+time against the baseline's (warm from the latest file that measured it, named when it is another file),
 peak memory against eager's, and accuracy against the fp32 reference, each next to the goal:
 
 * speed: bf16 ≥ 5 % and FP8 ≥ 12 % faster than the best replaying baseline;
