@@ -112,6 +112,7 @@ class CompiledGraph:
         first = FirstCall(self.dynamo_graph, [concrete(value) for value in example_inputs],  # sizes as on this call
                           {r.index for r in roles if r.role is Role.CONSTANT})
         if rewritten is not None and self._verified(first, rewritten):
+            binding = None
             try:
                 binding = self._bind_weights(rewritten, example_inputs)
                 if options.share_weights:  # before lowering: Inductor sees the weights where they will be
@@ -122,6 +123,9 @@ class CompiledGraph:
             except (RestartAnalysis, WeightsReleasedError):  # dynamo retraces the frame; or nothing can run
                 raise
             except Exception as error:  # lowering the rewritten graph failed: lower the original
+                if binding is not None and self._shared_bytes:  # the original reads the weights as traced
+                    binding.unshare_storage(example_inputs)
+                    self._shared_bytes = 0
                 if options.strict:
                     raise
                 self.report.fallback = f"lowering the rewritten graph failed: {type(error).__name__}: {error}"

@@ -183,3 +183,26 @@ def test_adjacent_rows_is_a_view_only_for_consecutive_rows():
     assert adjacent_rows([base[0:3], torch.randn(7, 4)]) is None  # another storage
     assert row_blocks(base, [torch.randn(3, 4), torch.randn(6, 4)]) is None  # rows do not add up
     assert [b.shape[0] for b in row_blocks(base, [torch.randn(3, 4), torch.randn(7, 4)])] == [3, 7]
+
+
+def test_a_failed_lowering_after_sharing_falls_back_with_the_weights_as_traced(monkeypatch):
+    """Sharing moves the weights before the rewritten graph is lowered; if that lowering fails (on a
+    GPU: Inductor's autotuning once the random generator was broken), the original graph is lowered
+    instead, and it must see the weights where dynamo traced them: moved, Inductor's fakes of them
+    disagreed with dynamo's trace ("int(sym)=0 != hint=…") and the whole compile failed."""
+    from kopt.compiled_graph import CompiledGraph
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("the rewritten graph did not lower")
+
+    monkeypatch.setattr(CompiledGraph, "_lower_rewritten", failing)
+    torch.manual_seed(0)
+    model = Attention(width=64).eval()
+    reference = copy.deepcopy(model).double()
+    compiled = kopt.compile(model, lower="inductor", cuda_graphs=False, progress=False)
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        assert rel_err(compiled(x), reference(x.double())) < 1e-5
+    assert "lowering the rewritten graph failed" in str(compiled.kopt_report)
+    assert all(p.storage_offset() == 0 for p in model.parameters())
+    assert _storages(*model.parameters()) == sum(p.numel() * p.element_size() for p in model.parameters())

@@ -94,9 +94,10 @@ def _stacks(derived: Sequence[tuple[str, torch.Tensor]], records: Mapping[str, D
 
 
 def share(derived: Sequence[tuple[str, torch.Tensor]], records: Mapping[str, Derivation],
-          weights: Mapping[str, int], args: Sequence[Any]) -> int:
+          weights: Mapping[str, int], args: Sequence[Any], moved: list[int] | None = None) -> int:
     """Point each contiguous module weight at its rows of the stacked constant made from it (the
-    first one, if several are); returns the bytes of weight storage this let go."""
+    first one, if several are); returns the bytes of weight storage this let go, and appends the
+    positions of the weights it pointed to ``moved``."""
     claimed: set[int] = set()
     freed = 0
     for _, positions, blocks in _stacks(derived, records, weights, args):
@@ -110,7 +111,21 @@ def share(derived: Sequence[tuple[str, torch.Tensor]], records: Mapping[str, Der
                     continue
                 freed += weight.numel() * weight.element_size()
                 weight.data = block
+                if moved is not None:
+                    moved.append(position)
     return freed
+
+
+def unshare(args: Sequence[Any], positions: Sequence[int]) -> None:
+    """Give each weight at ``positions`` (pointed into a stacked constant by :func:`share`) storage of
+    its own again, with the same values: what a graph that will not read the stacked constant needs.
+    Valid because :func:`share` only ever makes a contiguous weight a contiguous row block of the
+    constant, so a contiguous copy is the weight as it was, at storage offset 0 as dynamo traced it
+    (a graph lowered from dynamo's trace after the weights moved fails on the changed offset)."""
+    with torch.no_grad():
+        for position in positions:
+            weight = args[position]
+            weight.data = weight.data.clone()
 
 
 def aliased(derived: Sequence[tuple[str, torch.Tensor]], records: Mapping[str, Derivation],

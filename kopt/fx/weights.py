@@ -31,7 +31,7 @@ import torch
 
 from kopt.config import Role
 from kopt.fx.derived import Derivation, derivations
-from kopt.fx.shared_weights import aliased, share
+from kopt.fx.shared_weights import aliased, share, unshare
 from kopt.release import WeightsReleasedError, is_released
 
 
@@ -66,6 +66,7 @@ class WeightBinding:
     _weights: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)  # source name -> position
     _fixed: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
     _depends: dict[str, frozenset[int]] = dataclasses.field(default_factory=dict, repr=False)
+    _shared: list[int] = dataclasses.field(default_factory=list, repr=False)  # positions share_storage moved
 
     def inputs(self, args: Sequence[Any]) -> list[Any]:
         """The lowered graph's arguments for one call."""
@@ -86,7 +87,13 @@ class WeightBinding:
         """Make each module weight that a stacked derived constant (of ``derived``, default: this
         binding's) holds row for row a view of those rows (:mod:`kopt.fx.shared_weights`); the
         bytes of weight storage this let go."""
-        return share(self.derived if derived is None else derived, self._records, self._weights, args)
+        return share(self.derived if derived is None else derived, self._records, self._weights, args, self._shared)
+
+    def unshare_storage(self, args: Sequence[Any]) -> None:
+        """Undo :meth:`share_storage`: each weight it moved gets storage of its own again
+        (:func:`kopt.fx.shared_weights.unshare`), for a graph that will not read the derived constants."""
+        unshare(args, self._shared)
+        self._shared.clear()
 
     def aliased(self, args: Sequence[Any], derived: Sequence[tuple[str, torch.Tensor]] | None = None) -> frozenset[int]:
         """Dynamo positions of the watched weights that only a new storage can change behind kopt's
