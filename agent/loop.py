@@ -156,6 +156,19 @@ def _resume(kb: KnowledgeBase, signatures: Sequence[str], environment: Any) -> d
     return accepted
 
 
+def _evaluate_or_error(candidate: Candidate, *args: Any) -> Evaluation:
+    """:func:`evaluate`, with an exception it raises recorded as that candidate's error (traceback in the
+    log) instead of ending the run: one candidate's failure (on a GPU once: reading the layout of a region
+    captured there) must not cost the rest of a run's budget. ``Status.ERROR`` teaches nothing of the
+    candidate and is tried again by the next run."""
+    try:
+        return evaluate(candidate, *args)
+    except Exception as error:  # noqa: BLE001 - kept as the record's reason; KeyboardInterrupt still stops
+        log.warning("agent: the evaluation raised; the run goes on", exc_info=True)
+        first = (str(error).splitlines() or [""])[0][:300]
+        return Evaluation(candidate, Status.ERROR, f"the evaluation raised {type(error).__name__}: {first}")
+
+
 def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], accepted: Mapping[str, Candidate],
              clock: Any, verify_config: VerifyConfig, bench_config: BenchConfig, micro: Any = None,
              occurrence: Occurrence | None = None, verified: VerifyOutcome | None = None) -> Evaluation:
@@ -457,9 +470,9 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                                             {"kind": "more-rounding", "accepted": False, "checks": [],
                                              "settled_by": lesser.record_hash, "reason": reason})
                 else:
-                    evaluation = evaluate(candidate, regions[candidate.region_signature], graphs, accepted, clock,
-                                          verify_config, bench_config, bench, first.get(candidate.region_signature),
-                                          verified)
+                    evaluation = _evaluate_or_error(candidate, regions[candidate.region_signature], graphs,
+                                                    accepted, clock, verify_config, bench_config, bench,
+                                                    first.get(candidate.region_signature), verified)
                 evaluation = dataclasses.replace(evaluation, seconds=time.monotonic() - began)
                 e2e = evaluation.e2e.speedup if evaluation.e2e else None
                 if e2e is not None and bench is not None and e2e.baseline:

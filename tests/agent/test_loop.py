@@ -131,3 +131,29 @@ def test_cli_optimize_runs_end_to_end(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
         assert kb.counts()["candidates"] == 2
+
+
+def test_a_candidate_whose_evaluation_raises_is_an_error_and_the_run_goes_on(tmp_path, monkeypatch):
+    """An exception while evaluating one candidate is that candidate's ERROR record (with the exception
+    as its reason); the next candidates are still evaluated and one is still accepted."""
+    import kopt.agent.loop as loop
+
+    real, raised = loop.evaluate, []
+
+    def first_one_raises(candidate, *args, **kwargs):
+        if not raised:
+            raised.append(candidate)
+            raise RuntimeError("Unhandled FakeTensor Device Propagation for aten.add.Tensor")
+        return real(candidate, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", first_one_raises)
+    model, inputs = sigmoid_gelu_mlp()
+    result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", clock="cost-model", seed=0,
+                      model_name="mlp", pipelines=False, micro=False)
+    first = result.evaluations[0]
+    assert first.candidate is raised[0] and first.status is Status.ERROR
+    assert first.reason == ("the evaluation raised RuntimeError: "
+                            "Unhandled FakeTensor Device Propagation for aten.add.Tensor")
+    assert len(result.evaluations) > 1 and Status.ACCEPTED in [e.status for e in result.evaluations[1:]]
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        assert Status.ERROR in {r.status for r in kb.candidates()}
