@@ -105,7 +105,8 @@ def add_optimize_parser(commands: argparse._SubParsersAction) -> None:
                          help="what a regional run compiles between the blocks (kopt.compile's between_blocks): eager, "
                               "linears (the large linears), outer (the code around the module that runs the blocks: an "
                               "LLM's LM head and logit cap), compiled (all of the model's code, a block call one op) "
-                              "(default: linears with --fp8, else eager)")
+                              "(default: outer when an inner module runs the blocks, else linears with --fp8, "
+                              "else eager)")
     command.add_argument("--plot", default="kopt_optimize.png", help="where to write the per-region plot (PNG)")
     command.add_argument("--json", default=None, help="also write the evaluations as JSON here")
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)

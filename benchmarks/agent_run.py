@@ -62,7 +62,8 @@ def main() -> None:
                         help="what a regional run compiles between the blocks (kopt.compile's between_blocks): eager, "
                              "linears (the large linears), outer (the code around the module that runs the blocks: an "
                              "LLM's LM head and logit cap), compiled (all of the model's code, each block call one op) "
-                             "(default: linears with --fp8, else eager)")
+                             "(default: outer when an inner module runs the blocks, else linears with --fp8, "
+                             "else eager)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the results (default $OUT/benchmarks/results)")
     args = parser.parse_args()

@@ -121,3 +121,33 @@ def test_when_no_linear_between_blocks_is_worth_it_the_sides_compile_none(tmp_pa
                       fp8=Fp8Config(min_features=16), bench_config=BenchConfig(min_gain=0.10), max_candidates=1,
                       micro=False, progress=False, workers=1)
     assert [g.calls for g in result.graphs] == [2] and result.clock.between_blocks == "eager"
+
+
+def test_a_model_whose_blocks_an_inner_module_runs_gets_the_outer_graph_by_default():
+    """An LLM (its layers run by an inner module, the LM head and logit cap after it) is run with the
+    code around that module compiled as a graph of its own; a model that runs its blocks itself keeps
+    the earlier default (the head a graph of its own with FP8, else the code eager)."""
+    from kopt.agent.loop import default_between_blocks
+    from tests.test_between_blocks_outer import _CappedLM
+
+    capped = _CappedLM().eval()
+    assert default_between_blocks(capped, regional=True, fp8=False) == "outer"
+    assert default_between_blocks(capped, regional=True, fp8=True) == "outer"
+    assert default_between_blocks(capped, regional=False, fp8=False) == "eager"
+    flat = tiny_lm()
+    assert default_between_blocks(flat, regional=True, fp8=True) == "linears"
+    assert default_between_blocks(flat, regional=True, fp8=False) == "eager"
+
+
+def test_optimize_on_an_llm_captures_the_head_and_cap_as_a_graph_by_default(tmp_path):
+    from kopt.agent import optimize
+    from tests.test_between_blocks_outer import _CappedLM
+
+    torch.manual_seed(0)
+    model = _CappedLM().eval().requires_grad_(False)
+    ids = torch.randint(0, 1536, (1, 8))
+    result = optimize(model, (ids,), budget_min=1, kb_path=tmp_path / "kb.sqlite", regional=True, clock="cost-model",
+                      max_candidates=1, progress=False, workers=1)
+    assert [g.calls for g in result.graphs] == [2, 1]  # the block class, then the head with its cap
+    ops = {str(n.target) for n in result.graphs[1].original.graph.nodes if n.op == "call_function"}
+    assert any("tanh" in op for op in ops) and any("mm" in op for op in ops)
