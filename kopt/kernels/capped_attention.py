@@ -16,12 +16,18 @@ and read several times; here they never leave the chip (FlashAttention's online 
 
 Masked tiles are skipped without knowing the mask's shape: :func:`_live_keys_kernel` reads the mask
 once per call (one program per tile) and records, per tile of BLOCK_M query rows, the first and last
-tile of BLOCK_N keys holding any entry that is not −inf, and the first and last holding any entry that
-is not 0; the attention runs over the first span only, and adds the mask only within the second (the
-tiles between hold zeros: a causal mask is read on its diagonal only). A causal or sliding-window mask
-then costs about half the work of a full one, and a mask with holes is simply computed (a −inf entry
-contributes exp(−inf) = 0 either way). A NaN in the mask is neither −inf nor 0, so its tile is kept
-and the NaN reaches the output, as in the model's softmax.
+tile of BLOCK_N keys holding any entry above the mask dtype's lowest value (−inf, or the finite
+``torch.finfo(dtype).min`` that transformers' and diffusers' masks use), and the first and last
+holding any entry that is not 0; the attention runs over the first span only, and adds the mask only
+within the second (the tiles between hold zeros: a causal mask is read on its diagonal only). A causal
+or sliding-window mask then costs about half the work of a full one, and a mask with holes is simply
+computed. Why skipping is exact: in a row with an entry above half the lowest value (a *normal* key;
+the same pass counts them per row), the running maximum is at least that entry's logit, so a lowest-
+valued entry's weight is exp(−|lowest| / 2 + the logits' spread): 0 in float32 for bf16 and float32
+masks, and for float16 ones (lowest −65,504) while logits stay within ±16,000. A row tile holding a
+row without a normal key (all masked: the model's softmax then averages over every key, or gives NaN
+for −inf) attends to every key with the mask added, as the model does. A NaN in the mask is neither
+low nor 0, so its tile is kept and the NaN reaches the output, as in the model's softmax.
 
 Numerics: logits, cap, mask and softmax in float32 (the model rounds its logits to bf16 after the GEMM
 and after each step: up to 0.125 of absolute error at a cap of 50); probabilities are rounded to V's
@@ -78,13 +84,15 @@ _SPAN = tl.constexpr(SPAN_INTS)
 
 
 @triton.jit
-def _live_keys_kernel(bias_ptr, span_ptr, S_q, S_k, n_heads, stride_b, stride_h, stride_m, stride_n,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _live_keys_kernel(bias_ptr, span_ptr, normal_ptr, low, half_low, S_q, S_k, n_heads,
+                      stride_b, stride_h, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One (BLOCK_M x BLOCK_N) tile of one (batch, head) of the mask: widen its row tile's spans to
-    cover it — the keys *seen* if any entry is not −inf, the keys *masked* if any entry is not 0 (the
-    tiles whose logits the mask changes). A row tile's spans are SPAN_INTS int32 at ``span_ptr`` +
-    SPAN_INTS·(its index), zeroed before: (S_k − first, end) of each, raised by atomic max, so a row tile
-    that sees no key keeps [S_k, 0), an empty loop. One program per tile: the mask is read at once."""
+    cover it — the keys *seen* if any entry is above ``low`` (the mask dtype's lowest value), the keys
+    *masked* if any entry is not 0 (the tiles whose logits the mask changes) — and add to each row's
+    count of *normal* entries (above ``half_low``) at ``normal_ptr``. A row tile's spans are SPAN_INTS
+    int32 at ``span_ptr`` + SPAN_INTS·(its index), zeroed before: (S_k − first, end) of each, raised by
+    atomic max, so a row tile that sees no key keeps [S_k, 0), an empty loop. One program per tile: the
+    mask is read at once."""
     bh = tl.program_id(0)
     tile_m = tl.program_id(1)
     start = tl.program_id(2) * BLOCK_N
@@ -93,11 +101,13 @@ def _live_keys_kernel(bias_ptr, span_ptr, S_q, S_k, n_heads, stride_b, stride_h,
     base = bias_ptr + (bh // n_heads).to(tl.int64) * stride_b + (bh % n_heads).to(tl.int64) * stride_h
     inside = (rows < S_q)[:, None] & (cols < S_k)[None, :]
     x = tl.load(base + rows[:, None].to(tl.int64) * stride_m + cols[None, :] * stride_n, mask=inside,
-                other=float("-inf"))
+                other=float("-inf")).to(tl.float32)
     span = span_ptr + (bh * tl.num_programs(1) + tile_m) * _SPAN
-    if tl.sum((x != float("-inf")).to(tl.int32)) > 0:  # NaN counts as seen
+    if tl.sum((~(x <= low)).to(tl.int32)) > 0:  # NaN counts as seen
         tl.atomic_max(span, S_k - start)
         tl.atomic_max(span + 1, start + BLOCK_N)
+    normal = tl.sum((~(x <= half_low)).to(tl.int32), axis=1)
+    tl.atomic_add(normal_ptr + bh.to(tl.int64) * S_q + rows, normal, mask=(rows < S_q) & (normal > 0))
     if tl.sum((tl.where(inside, x, 0.0) != 0.0).to(tl.int32)) > 0:  # and as masked
         tl.atomic_max(span + 2, S_k - start)
         tl.atomic_max(span + 3, start + BLOCK_N)
@@ -144,7 +154,7 @@ def _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, first, end, S_k, pre, p
 
 
 @triton.jit
-def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H, GROUPS, S_q, S_k, D,
+def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, normal_ptr, out_ptr, H, GROUPS, S_q, S_k, D,
                              pre, post, bias_heads, spans_per_head,
                              stride_qb, stride_qh, stride_qm, stride_qd,
                              stride_kb, stride_kh, stride_kn, stride_kd,
@@ -187,6 +197,12 @@ def _capped_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, span_ptr, out_ptr, H
         end = tl.load(span + 1)
         masked_first = tl.minimum(tl.maximum(S_k - tl.load(span + 2), first), end)
         masked_end = tl.maximum(tl.minimum(tl.load(span + 3), end), masked_first)
+        normal = tl.load(normal_ptr + (bias_b * bias_heads + bias_h) * S_q + rows, mask=row_in, other=1)
+        if tl.min(normal) == 0:  # a row with every key masked: all of them, as the model's softmax
+            first = first * 0
+            end = first + S_k
+            masked_first = first
+            masked_end = end
         acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_base, v_base, bias_rows, first, masked_first, S_k, pre, post,
                                 dims, dim_in, row_in, stride_kn, stride_kd, stride_vn, stride_vd, stride_bn,
                                 False, SOFTCAP, BLOCK_N, PRECISION, UPCAST, FAST)
@@ -307,12 +323,16 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
         block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
         tiles_m = triton.cdiv(s_q, block_m)
         spans = torch.zeros((bias_batches * bias_heads * tiles_m * SPAN_INTS,), dtype=torch.int32, device=q.device)
+        normal = torch.zeros((bias_batches * bias_heads * s_q if full_bias is not None else 1,), dtype=torch.int32,
+                             device=q.device)
         if full_bias is not None:
+            low = torch.finfo(full_bias.dtype).min
             _live_keys_kernel[(bias_batches * bias_heads, tiles_m, triton.cdiv(s_k, block_n))](
-                full_bias, spans, s_q, s_k, bias_heads, *bias_strides, BLOCK_M=block_m, BLOCK_N=block_n)
+                full_bias, spans, normal, low, low / 2, s_q, s_k, bias_heads, *bias_strides, BLOCK_M=block_m,
+                BLOCK_N=block_n)
         pre, post = (scale / softcap, softcap) if softcap is not None else (scale, 1.0)
         _capped_attention_kernel[(tiles_m, b * h)](
-            q, k, v, full_bias if full_bias is not None else q, spans, dst, h, h // k.shape[1], s_q, s_k, d,
+            q, k, v, full_bias if full_bias is not None else q, spans, normal, dst, h, h // k.shape[1], s_q, s_k, d,
             pre, post, bias_heads, tiles_m, *q.stride(), *k.stride(), *v.stride(), *bias_strides, *dst.stride(),
             HAS_BIAS=full_bias is not None, SOFTCAP=softcap is not None, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=block_d, PRECISION="ieee" if q.dtype == torch.float32 else None,

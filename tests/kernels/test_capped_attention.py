@@ -24,8 +24,9 @@ def _qkv(b, h, groups, s_q, s_k, d, seed, dtype=torch.float32, device="cpu"):
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
-def _mask(kind, s_q, s_k, seed=0, window=5):
-    """An additive (1, 1, S_q, S_k) mask as transformers builds them (0 where a key is seen, -inf where not)."""
+def _mask(kind, s_q, s_k, seed=0, window=5, neg=NEG):
+    """An additive (1, 1, S_q, S_k) mask: 0 where a key is seen, ``neg`` where not (-inf, as torch's own
+    masks, or the dtype's lowest finite value, as transformers and diffusers build them)."""
     i = torch.arange(s_q)[:, None] + (s_k - s_q)  # queries are the last S_q positions
     j = torch.arange(s_k)[None, :]
     if kind == "causal":
@@ -38,12 +39,12 @@ def _mask(kind, s_q, s_k, seed=0, window=5):
         g = torch.Generator().manual_seed(seed)
         return torch.randn(1, 1, s_q, s_k, generator=g)
     elif kind == "holes":  # causal, with a band of nonzero values far left of the diagonal and zeros between
-        mask = torch.where(j <= i, 0.0, NEG)
-        mask[:, 2:5] = torch.where(j[:, 2:5] <= i, 0.7, NEG)
+        mask = torch.where(j <= i, 0.0, neg)
+        mask[:, 2:5] = torch.where(j[:, 2:5] <= i, 0.7, neg)
         return mask[None, None]
     else:
         raise ValueError(kind)
-    return torch.where(seen, 0.0, NEG)[None, None]
+    return torch.where(seen, 0.0, neg)[None, None]
 
 
 def _exact(q, k, v, bias, scale, softcap):
@@ -110,8 +111,13 @@ def _spans(bias, s, block_m=32, block_n=16):
     clips them."""
     tiles = s // block_m
     spans = torch.zeros(mod.SPAN_INTS * tiles, dtype=torch.int32)
+    normal = torch.zeros(s, dtype=torch.int32)
     b = bias.expand(1, 1, s, s)
-    mod._live_keys_kernel[(1, tiles, s // block_n)](b, spans, s, s, 1, *b.stride(), BLOCK_M=block_m, BLOCK_N=block_n)
+    low = torch.finfo(b.dtype).min
+    mod._live_keys_kernel[(1, tiles, s // block_n)](b, spans, normal, low, low / 2, s, s, 1, *b.stride(),
+                                                   BLOCK_M=block_m, BLOCK_N=block_n)
+    seen_per_row = (b[0, 0] > low / 2).sum(-1).to(torch.int32)
+    assert torch.equal(normal, seen_per_row)  # each row's count of keys the mask leaves normal
     out = []
     for first_back, end, masked_back, masked_end in spans.view(tiles, 4).tolist():
         first = s - first_back
@@ -120,16 +126,20 @@ def _spans(bias, s, block_m=32, block_n=16):
     return out
 
 
-def test_spans_cover_exactly_the_tiles_with_a_key_seen_and_those_the_mask_changes():
-    window = _mask("window", 96, 96, window=20)
-    window[..., 64:96, :] = NEG  # and the last rows see nothing
+@pytest.mark.parametrize("neg", [NEG, torch.finfo(torch.float32).min], ids=["-inf", "finfo.min"])
+def test_spans_cover_exactly_the_tiles_with_a_key_seen_and_those_the_mask_changes(neg):
+    """The same spans whether the mask writes -inf or the lowest finite value (transformers' masks: a
+    causal one skipped nothing before, which made the kernel slower than Inductor on Gemma 2)."""
+    window = _mask("window", 96, 96, window=20, neg=neg)
+    window[..., 64:96, :] = neg  # and the last rows see nothing
     # rows 0-31 see keys 0-31; rows 32-63 see keys 13-63 (16-key tiles) and the window's left edge and the
     # diagonal both need the mask there; rows 64-95 see nothing: an empty loop [96, 0)
     assert [seen for seen, _ in _spans(window, 96)] == [(0, 32), (0, 64), (96, 0)]
     assert [masked for _, masked in _spans(window, 96)][:2] == [(0, 32), (0, 64)]
     # a causal mask changes only the tiles on the diagonal: those before it run without reading the mask
-    assert _spans(_mask("causal", 96, 96), 96) == [((0, 32), (0, 32)), ((0, 64), (32, 64)), ((0, 96), (64, 96))]
-    holes = _mask("holes", 96, 96)  # nonzero values on keys 2-4: the mask is read from the first tile on
+    assert _spans(_mask("causal", 96, 96, neg=neg), 96) == [((0, 32), (0, 32)), ((0, 64), (32, 64)),
+                                                              ((0, 96), (64, 96))]
+    holes = _mask("holes", 96, 96, neg=neg)  # nonzero values on keys 2-4: the mask is read from the first tile on
     assert [masked for _, masked in _spans(holes, 96)] == [(0, 32), (0, 64), (0, 96)]
 
 
@@ -142,6 +152,30 @@ def test_a_query_row_with_every_key_masked_gives_nan_like_the_model_s_softmax():
     assert torch.isnan(out[..., 3, :]).all() and torch.isnan(model[..., 3, :]).all()
     rest = [i for i in range(8) if i != 3]
     assert rel_err(out[..., rest, :], _exact(q, k, v, bias, 0.5, None)[..., rest, :]) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_lowest_finite_masks_skip_tiles_and_match_float64_even_where_a_row_sees_nothing(dtype):
+    """transformers' masks: 0 and ``finfo(dtype).min``. Causal rows skip the tiles above the diagonal
+    and match float64; a row whose keys are all at the lowest value is no NaN in the model (its softmax
+    averages every key), and the kernel attends to every key there too: its row tile does not skip,
+    though another row of it sees only the first tile."""
+    low = torch.finfo(dtype).min
+    q, k, v = _qkv(1, 2, 1, 80, 80, 16, seed=21)
+    bias = _mask("causal", 80, 80, neg=low).to(dtype)
+    bias[..., 64:, :] = low  # the last row tile: one row sees the first 16 keys, the others nothing
+    bias[..., 64, :16] = 0.0
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
+    out = mod.launch(q, k, v, bias, 0.5, 50.0, config=config)
+    exact = _exact(q, k, v, bias, 0.5, 50.0)
+    assert torch.isfinite(exact).all() and torch.isfinite(out).all()
+    assert rel_err(out[..., :65, :], exact[..., :65, :]) < 1e-5
+    # the masked rows' logits are summed with the lowest value in float32: in float16's -65,504 they
+    # keep 8 bits, as in the model's own float32 arithmetic; they average every key, not the 16 of the
+    # tile's span
+    assert rel_err(out[..., 65:, :], exact[..., 65:, :]) < 1e-2
+    spans = _spans(bias[..., :64, :64], 64, block_m=16, block_n=16)  # causal tiles: up to the diagonal's
+    assert [seen for seen, _ in spans] == [(0, 16), (0, 32), (0, 48), (0, 64)]
 
 
 def test_a_nan_in_the_mask_reaches_the_output():
