@@ -9,7 +9,8 @@ that needs no cap (a different computation: its error is not comparable).
     python benchmarks/micro/capped_attention.py --tiny   # CPU smoke run (interpreter, small shapes; times mean nothing)
 
 Times are CUDA-graph replays (GPU time only, median) of one call; the fused kernel's time includes its
-mask scan. FLOPs are 4·B·H·S_q·S_k·D, every key counted (a causal mask halves the work done).
+mask scan. The causal mask is spelled as transformers spells it (``finfo(bfloat16).min`` where a key is
+not seen). FLOPs are 4·B·H·S_q·S_k·D, every key counted (a causal mask halves the work done).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def measure_shape(model: str, b: int, h: int, h_kv: int, s: int, d: int, scalar:
     q = (torch.randn(b, s, h, d, device=device, generator=g) * 2).bfloat16().transpose(1, 2)  # logits of a few tens
     k, v = (torch.randn(b, s, h_kv, d, device=device, generator=g).bfloat16().transpose(1, 2) for _ in range(2))
     seen = torch.arange(s, device=device)[None, :] <= torch.arange(s, device=device)[:, None]
-    mask = torch.where(seen, 0.0, float("-inf")).to(torch.bfloat16)[None, None]
+    # as transformers builds it: the dtype's lowest value where a key is not seen (not -inf)
+    mask = torch.where(seen, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16)[None, None]
     scale = scalar ** -0.5
     exact = capped_attention.reference(q.float(), k.float(), v.float(), mask.float(), scale, cap)
     flops = 4 * b * h * s * s * d
