@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -136,7 +137,12 @@ def pool_after_failed_capture(pool: Any, stream: torch.cuda.Stream) -> Any:
             end(torch.cuda.current_device(), pool)
         except Exception:  # noqa: BLE001 - nothing was routed, or this torch ends it differently
             pass
-    end_generator_capture()
+    try:
+        end_generator_capture()
+    except Exception as error:  # noqa: BLE001 - the caller's fallback must still run; the user must know
+        warnings.warn(f"kopt: after a failed CUDA-graph capture the device's random generator could not be "
+                      f"taken out of capture mode ({type(error).__name__}: {error}); random ops on this "
+                      "device may now raise 'Offset increment outside graph capture'", RuntimeWarning, stacklevel=2)
     return torch.cuda.graph_pool_handle()
 
 
