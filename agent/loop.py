@@ -175,9 +175,8 @@ def default_between_blocks(model: torch.nn.Module, regional: bool, fp8: bool) ->
 
 def _evaluate_or_error(candidate: Candidate, *args: Any) -> Evaluation:
     """:func:`evaluate`, with an exception it raises recorded as that candidate's error (traceback in the
-    log) instead of ending the run: one candidate's failure (on a GPU once: reading the layout of a region
-    captured there) must not cost the rest of a run's budget. ``Status.ERROR`` teaches nothing of the
-    candidate and is tried again by the next run."""
+    log) instead of ending the run: one candidate's failure must not cost the rest of a run's budget.
+    ``Status.ERROR`` teaches nothing of the candidate and is tried again by the next run."""
     try:
         return evaluate(candidate, *args)
     except Exception as error:  # noqa: BLE001 - kept as the record's reason; KeyboardInterrupt still stops

@@ -59,7 +59,7 @@ def test_an_occurrence_with_another_output_layout_is_no_region_and_the_model_sti
 def test_a_region_captured_on_a_gpu_has_its_layout_read_on_any_device():
     """A region captured on a GPU names that device in its literals (``ones(device=cuda)``); reading
     the layout it returns (a FakeTensor run on CPU fakes) maps them like every other run of a region,
-    instead of failing on mixed devices mid-run (it stopped an agent run on Gemma 2)."""
+    instead of failing on mixed devices."""
     from kopt.agent.apply import native_strides
     from kopt.agent.region import from_function
 

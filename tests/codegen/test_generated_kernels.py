@@ -170,8 +170,8 @@ def capped_scores(scores, mask):
 @pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 300.0])
 def test_tanh_keeps_its_relative_accuracy_at_every_magnitude(scale):
     """Gemma 2's logit cap, ``mask + 50 tanh(s / 50)``, on scores of every magnitude: tanh spelled as
-    ``2 sigmoid(2x) - 1`` loses all relative accuracy near 0 (the 1 cancels: an agent run on Gemma 2
-    measured rel 0.06 on small scores), so small arguments take the odd series instead."""
+    ``2 sigmoid(2x) - 1`` loses all relative accuracy near 0 (the 1 cancels: rel 0.06 on scores of
+    1e-6), so small arguments take the odd series instead."""
     scores = _randn((4, 2, 37), torch.float32, 11, scale)
     mask = _randn((1, 2, 37), torch.float32, 12, scale)
     graph_module, region = only_region(capped_scores, scores, mask)

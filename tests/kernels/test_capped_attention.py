@@ -128,8 +128,8 @@ def _spans(bias, s, block_m=32, block_n=16):
 
 @pytest.mark.parametrize("neg", [NEG, torch.finfo(torch.float32).min], ids=["-inf", "finfo.min"])
 def test_spans_cover_exactly_the_tiles_with_a_key_seen_and_those_the_mask_changes(neg):
-    """The same spans whether the mask writes -inf or the lowest finite value (transformers' masks: a
-    causal one skipped nothing before, which made the kernel slower than Inductor on Gemma 2)."""
+    """The same spans whether the mask writes -inf or the lowest finite value (as transformers' masks
+    do: a causal one must skip the tiles above its diagonal in either spelling)."""
     window = _mask("window", 96, 96, window=20, neg=neg)
     window[..., 64:96, :] = neg  # and the last rows see nothing
     # rows 0-31 see keys 0-31; rows 32-63 see keys 13-63 (16-key tiles) and the window's left edge and the
