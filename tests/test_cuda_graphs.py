@@ -64,8 +64,8 @@ def test_replays_match_plain_calls_on_fresh_inputs_and_outputs_stay_valid():
 @needs_cuda
 def test_a_failed_recording_leaves_random_ops_and_later_recordings_working():
     """A capture that raises leaves torch's random generator in capture mode: every random op of the
-    process outside a capture then fails ("Offset increment outside graph capture"), which took down
-    every later GPU test of a run. The runner takes it out again, and records other functions after."""
+    process outside a capture then fails ("Offset increment outside graph capture"). The runner takes
+    it out again, and records other functions after."""
     def uncapturable(x):
         return x + torch.tensor([0.5, 2.0], device=x.device)[0]  # a pageable host copy: capture refuses it
 

@@ -186,10 +186,10 @@ def test_adjacent_rows_is_a_view_only_for_consecutive_rows():
 
 
 def test_a_failed_lowering_after_sharing_falls_back_with_the_weights_as_traced(monkeypatch):
-    """Sharing moves the weights before the rewritten graph is lowered; if that lowering fails (on a
-    GPU: Inductor's autotuning once the random generator was broken), the original graph is lowered
-    instead, and it must see the weights where dynamo traced them: moved, Inductor's fakes of them
-    disagreed with dynamo's trace ("int(sym)=0 != hint=…") and the whole compile failed."""
+    """Sharing moves the weights before the rewritten graph is lowered; if that lowering fails, the
+    original graph is lowered instead, and it must see the weights where dynamo traced them: moved,
+    Inductor's fakes of them disagree with dynamo's trace ("int(sym)=0 != hint=…") and the whole
+    compile fails."""
     from kopt.compiled_graph import CompiledGraph
 
     def failing(self, *args, **kwargs):
