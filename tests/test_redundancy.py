@@ -79,5 +79,6 @@ def test_property_random_programs_unchanged(shape, dtype, program, seed):
     graph_module = trace_function(fn, x)
     records = run_passes(graph_module, [RedundancyElimination()], strict=True)
     outputs, reference = graph_module(x), fn(x)
-    assert all(torch.equal(a, b) for a, b in zip(outputs, reference, strict=True))
+    for a, b in zip(outputs, reference, strict=True):  # bit-identical; NaN where the program makes one (sin(inf))
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     assert records[0].after["nodes"] <= records[0].before["nodes"]
