@@ -164,11 +164,11 @@ def default_between_blocks(model: torch.nn.Module, regional: bool, fp8: bool) ->
     runs the GEMM it ran eagerly; in FP8 it can be faster), else ``"eager"``."""
     if not regional:
         return "eager"
-    from kopt.between_blocks import trunk
+    from kopt.between_blocks import has_code_around
     from kopt.regional import repeated_blocks
 
     blocks = repeated_blocks(model)
-    if blocks and trunk(model, blocks) is not model:
+    if blocks and has_code_around(model, blocks):
         return "outer"
     return "linears" if fp8 else "eager"
 

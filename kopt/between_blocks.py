@@ -55,6 +55,13 @@ def trunk(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
         holder = inner[0]
 
 
+def has_code_around(model: nn.Module, blocks: list[nn.Module]) -> bool:
+    """Whether an inner module of ``model`` runs ``blocks`` (a transformers LLM's ``LlamaModel``), so
+    that ``model``'s own code around that module is a graph of its own (``between_blocks="outer"``);
+    False when ``model``'s own ``forward`` runs them (a diffusers DiT)."""
+    return trunk(model, blocks) is not model
+
+
 def _opaque(module: nn.Module) -> None:
     """Give ``module`` a ``forward`` dynamo does not trace (the one it had, run as written)."""
     if is_opaque(module):
@@ -77,13 +84,12 @@ def compile_outer(model: nn.Module, blocks: list[nn.Module], backend: Callable[.
                   dynamic: bool | None) -> None:
     """Compile ``model``'s own code around the trunk that runs ``blocks`` with ``backend`` (module
     docstring); the blocks are compiled by the caller. Raises ValueError when ``model`` runs them itself."""
-    holder = trunk(model, blocks)
-    if holder is model:
+    if not has_code_around(model, blocks):
         raise ValueError(f"{type(model).__name__}'s own forward runs its blocks: there is no code around them "
                          "to compile (dynamo runs a frame that breaks inside a loop as written); use "
                          "between_blocks='compiled' (each block call one op in the model's graph), 'eager' or "
                          "'linears'")
-    _opaque(holder)
+    _opaque(trunk(model, blocks))
     compiled = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
     model._compiled_call_impl = functools.partial(compiled, model)
 

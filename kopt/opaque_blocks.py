@@ -202,8 +202,8 @@ def blocks_as_written() -> Iterator[None]:
 def holds_opaque_blocks(graph_module: torch.fx.GraphModule) -> bool:
     """Whether a graph calls blocks through ``kopt::opaque_block`` (the model's code under
     ``between_blocks="compiled"``)."""
-    return any(node.op == "call_function" and "kopt.opaque_block" in str(node.target)
-               for node in graph_module.graph.nodes)
+    calls = (torch.ops.kopt.opaque_block, torch.ops.kopt.opaque_block.default)  # dynamo's graph: the packet
+    return any(node.op == "call_function" and node.target in calls for node in graph_module.graph.nodes)
 
 
 # why a graph that calls blocks through the op never records a CUDA graph of its own
