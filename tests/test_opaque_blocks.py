@@ -83,6 +83,8 @@ def test_flux1s_guidance_is_scaled_without_eagers_rounding():
             # graph's compile (its checks run the blocks as written)
             assert len(graphs) == (3 if between_blocks == "compiled" else 2)
             compiled.undo()
+    print(f"tiny FLUX.1, bf16, rel err against float32: code between blocks eager {errors['eager']:.3g}, "
+          f"compiled {errors['compiled']:.3g}")
     assert errors["compiled"] * 4 < errors["eager"], errors
 
 
