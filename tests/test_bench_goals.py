@@ -82,3 +82,19 @@ def test_fp8_takes_the_compiled_model_code_row_where_a_run_measured_it(tmp_path)
     assert abs(fp8["gain_pct"] - 14.0) < 1e-9 and fp8["speed_goal_met"]
     main([str(source), "--out", str(tmp_path / "goals")])
     assert "c.json (NVIDIA H100 80GB HBM3)" in (tmp_path / "goals.md").read_text()
+
+
+def test_a_pair_from_one_process_outranks_a_preferred_row_compared_across_runs(tmp_path):
+    """The compiled-code FP8 row is preferred, but where its file timed no FP8 baseline and an older
+    file timed both an FP8 kopt row and its baseline, the older file's pair is the one judged."""
+    older = _write(tmp_path / "old.json", [_row("fp8+torch.compile-fast-accum+graphs", 100.0, 10.0, 1.0),
+                                           _row("kopt-regional-fp8-attn", 86.0, 12.0, 1.0, cosine=0.9998)])
+    newer = _write(tmp_path / "new.json", [_row("torch.compile+graphs", 150.0, 10.0, 1.0),
+                                           _row("kopt-regional-compiled-fp8-attn", 84.0, 20.0, 1.0, cosine=0.9998)])
+    fp8 = [r for r in goal_rows([older, newer]) if r["precision"] == "fp8"]
+    assert len(fp8) == 1
+    assert (fp8[0]["variant"], fp8[0]["file"], fp8[0]["same_process"]) == ("kopt-regional-fp8-attn", "old.json", True)
+    lone = [r for r in goal_rows([newer, _write(tmp_path / "b.json", [_row("fp8+torch.compile-fast-accum+graphs",
+                                                                          100.0, 10.0, 1.0)])])
+            if r["precision"] == "fp8"]
+    assert (lone[0]["variant"], lone[0]["same_process"]) == ("kopt-regional-compiled-fp8-attn", False)
