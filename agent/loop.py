@@ -202,13 +202,22 @@ def evaluate(candidate: Candidate, region: Any, graphs: Sequence[ProbedGraph], a
                               {"kind": "unchanged-graph", "accepted": None, "checks": [], "reason": nothing})
         if verified is not None and verified.verdict is None:
             return Evaluation(candidate, Status.ERROR, f"verification failed in the worker: {verified.error}")
+        if verified is None:
+            log.info("agent:   verifying in the sandbox (trials on fresh inputs against the region)")
         verdict = verified.verdict if verified is not None else verify(region, candidate, verify_config)
+        log.info("agent:   verifier: %s in %.1f s, %d trial(s)", "passed" if verdict.accepted else "failed",
+                 verdict.elapsed_s, verdict.trials)
         if not verdict.accepted:
             status = Status.ERROR if verdict.inconclusive else Status.REJECTED
             return Evaluation(candidate, status, f"verifier: {verdict.reason}", verdict)
         if micro is not None and occurrence is not None:
             incumbent = accepted.get(candidate.region_signature)
+            log.info("agent:   timing the region alone against %s (micro)",
+                     "the kept candidate" if incumbent is not None else "Inductor's lowering of it")
+            began = time.monotonic()
             micro_result = micro.check(occurrence, candidate, incumbent)
+            log.info("agent:   micro: %s in %.1f s", "passed" if micro_result.passed else "not passed",
+                     time.monotonic() - began)
             if not micro_result.passed:
                 return Evaluation(candidate, Status.SLOWER, micro_result.reason, verdict,
                                   micro=micro_result.measurement)
