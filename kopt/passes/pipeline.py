@@ -90,9 +90,9 @@ def _when(condition: bool, rewrite: Pass) -> list[Pass]:
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU in general
     (codegen-fuse, split-concat-linear; fuse-attention paid at one shape class: the agent's end-to-end
-    A/B decides them per model), or added by an option (fp8-linear and its producer fusions, by ``fp8=...``). Name them explicitly where
-    each one's ``runs_before`` says (:func:`with_pass`; ``staging`` for most: it marks the values it
-    hoists by node name)."""
+    A/B decides them per model), or added by an option (fp8-linear and its producer fusions, by
+    ``fp8=...``). Name them explicitly where each one's ``runs_before`` says (:func:`with_pass`;
+    ``staging`` for most: it marks the values it hoists by node name)."""
     return [CodegenFuse(), SplitConcatLinear(), FuseAttention(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(),
             Fp8Attention(), FuseAttentionOutputQuant(), Fp8Gemv()]
 
