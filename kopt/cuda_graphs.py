@@ -297,10 +297,13 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         log = ReadLog() if self._bake_reads else contextlib.nullcontext()
         branch = as_if_capturing() if self._retrying else contextlib.nullcontext()  # kopt.capture_branch
+        # The warm-ups run with the capture's own torch.tensor (kopt.host_scalars): code compiled by dynamo
+        # guards on that function, so its first call under the fills recompiles — here, not in the capture,
+        # where a compile's device work (kopt's checks, Inductor's) would invalidate the recording.
         if self._retrying:  # the capture branch's first call compiles what it needs: not logged (below)
-            with torch.cuda.stream(side), as_if_capturing():
+            with torch.cuda.stream(side), as_if_capturing(), host_scalars_as_fills():
                 self.fn(*inputs)
-        with torch.cuda.stream(side), log, branch:  # one more warm-up, on a side stream as capture requires
+        with torch.cuda.stream(side), log, branch, host_scalars_as_fills():  # on a side stream, as capture requires
             expected = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         guard, baked = None, contextlib.nullcontext()

@@ -74,3 +74,55 @@ def test_a_forward_that_sends_a_python_number_to_the_gpu_is_recorded_and_replays
         mask[1] = False  # a sample with no active position takes the text length
         assert rel_err(runner(x, mask), forward(x, mask)) < 1e-6
     assert runner.stats.disabled is None and runner.stats.recorded == 1 and runner.stats.replays >= 2
+
+
+def test_code_dynamo_compiled_recompiles_under_the_fills_once_so_a_warm_up_takes_that_compile():
+    """Dynamo guards on ``torch.tensor`` itself: the first call under the fills compiles again. The
+    runner's warm-ups run under them, so that compile happens there and not inside the capture (where
+    its device work would invalidate the recording); later entries reuse it."""
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=backend)
+    def forward(x):
+        return x * torch.tensor(2.0, device=x.device)
+
+    x = torch.randn(8)
+    forward(x)
+    assert len(compiles) == 1
+    with host_scalars_as_fills():
+        assert rel_err(forward(x), x.double() * 2) < 1e-6
+    assert len(compiles) == 2  # the warm-up's compile
+    for _ in range(2):
+        with host_scalars_as_fills():  # the capture's entry, and later recordings
+            forward(x)
+        forward(x)
+    assert len(compiles) == 2
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_dynamo_compiled_forward_that_calls_torch_tensor_records_on_the_first_try():
+    """Gemma 2's ``between_blocks="compiled"`` form: dynamo compiled the model's code, which calls
+    ``torch.tensor``; the capture must not be where dynamo compiles for the fills."""
+    torch._dynamo.reset()
+
+    def backend(gm, example_inputs):
+        torch.cuda.synchronize()  # device work while compiling, as kopt's lowering check does
+        return gm.forward
+
+    @torch.compile(backend=backend)
+    def forward(x):
+        return x * torch.tensor(2.0, device=x.device) + 1
+
+    runner = CudaGraphRunner(forward, warmup=1)
+    for _ in range(4):
+        x = torch.randn(64, device="cuda")
+        assert rel_err(runner(x), x.double() * 2 + 1) < 1e-6
+    assert runner.stats.disabled is None and runner.stats.skipped is None, runner.stats
+    assert runner.stats.recorded == 1 and runner.stats.replays >= 2
+    torch._dynamo.reset()
