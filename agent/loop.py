@@ -32,6 +32,7 @@ import torch
 from kopt.agent.bench import BenchConfig, E2EResult, WallClock, baseline_problem, measure
 from kopt.agent.candidate import Candidate, CandidateKind
 from kopt.agent.fp8_dominance import settled_by, settled_reason
+from kopt.agent.fp8_groups import is_narrowed, narrowing_unwanted
 from kopt.agent.graphs import ProbedGraph, capture_graphs, lone_gemm, without_minor_gemms
 from kopt.agent.kb import KnowledgeBase, Outcome, Status, current_environment
 from kopt.agent.kb.records import Measurement
@@ -105,6 +106,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
     ranked = [r.region.signature for r in profile.regions]
     if proposer in ("search", "all"):
         from kopt.agent.fp8_dominance import lesser_rounding_first
+        from kopt.agent.fp8_groups import narrowed_after_whole
         from kopt.agent.propose.breadth import breadth_first, fp8_leads, small_regions
         from kopt.agent.propose.pipeline import propose_pipelines
         from kopt.agent.propose.search import propose_all
@@ -115,7 +117,7 @@ def _proposal_batches(proposer: str, occurrences: Sequence[Occurrence], profile:
             found += list(propose_pipelines(graphs, device=device, fp8=fp8))
         small = small_regions(profile, min_gain)
         ordered = warm_order(breadth_first(found, small, fp8_leads(found, profile)), kb, class_keys or {})
-        yield lesser_rounding_first(list(ordered))
+        yield narrowed_after_whole(lesser_rounding_first(list(ordered)))
         while follow_up is not None:
             fresh = follow_up()
             if not fresh:
@@ -468,6 +470,11 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                         continue  # the change is already part of what was kept for this graph
                 if kb.has_evaluated(candidate, environment):
                     skipped += 1
+                    continue
+                unwanted = is_narrowed(candidate) and narrowing_unwanted(
+                    candidate, kb.latest(signature=candidate.region_signature, environment=environment))
+                if unwanted:  # kopt.agent.fp8_groups: FP8 on every linear of the graph has not missed yet
+                    log.info("agent: not evaluated (%s): %s", dict(candidate.params).get("change"), unwanted)
                     continue
                 tuning = tuning_seconds(candidate, graphs)
                 if tuning and time.monotonic() + tuning > deadline:

@@ -9,7 +9,8 @@ For each graph, relative to ``passes="auto"`` (the base every choice records):
 * each attention shape on each other backend the device offers (:mod:`kopt.agent.sdpa_backend`);
 * where an FP8 config is given, the FP8 pipeline at each scale granularity
   (:func:`kopt.passes.pipeline.fp8_pipeline` for the default list, else ``resolve(list, fp8)``; the
-  pass options recorded as JSON);
+  pass options recorded as JSON), then at the config's granularity on each group of the graph's
+  linears alone (:mod:`kopt.agent.fp8_groups`);
 * on a GPU, the graph lowered with Inductor's tuning (:data:`LOWERING_TUNING`): its GEMMs autotuned
   among Inductor's Triton templates and cuBLAS at their exact shapes, and its generated kernels'
   launch configs tuned by coordinate descent. GEMMs and attention are 85 % of a DiT's kernel time and
@@ -92,11 +93,15 @@ def lowering_choices(base: Sequence[str], device: str) -> list[PipelineChoice]:
             for patches, change in LOWERING_TUNING]
 
 
-def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
+def fp8_choices(base: Sequence[str], fp8: Any, graph_module: Any = None) -> list[PipelineChoice]:
     """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity and,
     when the config leaves attention in bf16, at its own granularity with FP8 attention too: the
     config is the user's contract (its quality gate), and each choice is judged against it, so the
-    agent may run attention in FP8 only where the model's output still meets it."""
+    agent may run attention in FP8 only where the model's output still meets it. Given the graph,
+    also FP8 at the config's granularity on each group of its linears alone, largest first, where it
+    has two groups or more (:mod:`kopt.agent.fp8_groups`: the loop tries them only after FP8 on all
+    of them missed the model's output contract)."""
+    from kopt.agent.fp8_groups import group_changes, linear_groups, narrowed
     from kopt.fp8.config import Granularity
     from kopt.passes.pipeline import default_pipeline, fp8_pipeline, resolve
 
@@ -105,6 +110,10 @@ def fp8_choices(base: Sequence[str], fp8: Any) -> list[PipelineChoice]:
     if not fp8.attention:
         configs.append((dataclasses.replace(fp8, attention=True),
                         f"fp8 {Granularity(fp8.granularity).value} scales + fp8 attention"))
+    groups = linear_groups(graph_module, fp8) if graph_module is not None else []
+    if len(groups) >= 2:
+        configs += [(narrowed(fp8, group), change)
+                    for group, change in group_changes(groups, Granularity(fp8.granularity).value)]
     choices = []
     for config, change in configs:
         passes = fp8_pipeline(config) if auto else resolve(list(base), config)
@@ -121,7 +130,7 @@ def propose_pipelines(graphs: Sequence[Any], *, device: str = "cpu", fp8: Any = 
         choices = added_passes(base) + attention_choices(graph.graph_module, base, device)
         choices += lowering_choices(base, device)
         if fp8 is not None:
-            choices += fp8_choices(base, fp8)
+            choices += fp8_choices(base, fp8, graph.graph_module)
         choices += left_out_passes(base)
         for choice in choices:
             yield to_candidate(graph.signature, choice)

@@ -61,7 +61,8 @@ def quantize_weight(granularity: Granularity, weight: torch.Tensor) -> tuple[tor
     return q_weight, w_scale
 
 
-def _activation(node: torch.fx.Node) -> torch.fx.Node:
+def activation_of(node: torch.fx.Node) -> torch.fx.Node:
+    """The activation operand of a linear's GEMM node (``mm``, ``addmm`` or ``bmm``)."""
     return node.args[1] if node.target is aten.addmm.default else node.args[0]
 
 
@@ -93,7 +94,7 @@ def match(node: torch.fx.Node, config: Fp8Config) -> torch.fx.Node | str | None:
     if declined:
         return declined[0] + (" (a merged sibling: all or none are quantized)" if len(paths) > 1 else "")
     value = constant_value(weight)
-    x = meta_value(_activation(node))
+    x = meta_value(activation_of(node))
     if value.dim() != 2 or min(value.shape) < config.min_features:
         return f"{tuple(value.shape)} weight is smaller than min_features={config.min_features}"
     if x is None or x.dtype not in _FLOATS or value.dtype not in _FLOATS:
@@ -217,7 +218,7 @@ class Fp8Linear(Fp8Pass):
             bias = node.args[0] if node.target is aten.addmm.default else None
             out_dtype = meta_value(node).dtype
             with graph.inserting_before(node):
-                x = _activation(node)
+                x = activation_of(node)
                 batched = None
                 if node.target is aten.bmm.default:  # (B, S) of the activation, as ints or sym_size nodes
                     batched = [size_arg(graph, x, 0), size_arg(graph, x, 1)]
