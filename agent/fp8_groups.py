@@ -106,16 +106,17 @@ def is_narrowed(candidate: Candidate) -> bool:
 
 def narrowing_unwanted(candidate: Candidate, records: Iterable[Any]) -> str | None:
     """Why ``candidate``, a narrowed FP8 choice, is not worth evaluating yet (module docstring), or None
-    when a choice of FP8 on all of its graph's linears at its granularity missed the model's output
-    contract (``records``: this graph's evaluations in this environment)."""
+    when a choice of FP8 on all of its graph's linears at its granularity, attention left in bf16 as
+    the narrowed choice leaves it, missed the model's output contract (``records``: this graph's
+    evaluations in this environment)."""
     config = _fp8(candidate)
     if config is None or not is_narrowed(candidate):
         return None
     for record in records:
         other = _fp8(Candidate.from_dict(record.candidate))
         if (other is not None and not is_narrowed(Candidate.from_dict(record.candidate))
-                and other.get("granularity") == config.get("granularity")
-                and missed_model_contract(record.verification)):
+                and other.get("granularity") == config.get("granularity") and not other.get("attention")
+                and missed_model_contract(record.verification)):  # like with like: linears only
             return None
     return (f"FP8 with {config.get('granularity')} scales on all of this graph's linears has not missed the "
             "model's output contract: a group of them is tried only after it does")

@@ -91,8 +91,8 @@ def test_a_narrowed_choice_quantizes_its_group_alone_and_rounds_less_than_all_of
 def test_a_narrowed_choice_waits_for_the_whole_graph_choice_at_its_granularity_to_miss(tmp_path):
     graph = _block_graph()
     found = _choices(graph)
-    narrow, row, tensor = (found[k] for k in ("fp8 row scales on down.weight only", "fp8 row scales",
-                                                "fp8 tensor scales"))
+    narrow, row, tensor, attention = (found[k] for k in ("fp8 row scales on down.weight only", "fp8 row scales",
+                                                           "fp8 tensor scales", "fp8 row scales + fp8 attention"))
     assert is_narrowed(narrow) and not is_narrowed(row) and not is_narrowed(tensor)
     with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
         environment = kb.record_environment(current_environment())
@@ -105,6 +105,9 @@ def test_a_narrowed_choice_waits_for_the_whole_graph_choice_at_its_granularity_t
         kb.record_candidate(tensor, status=Status.SLOWER, reason="model output outside the contract",
                             verdict=_model_check(False), environment=environment)
         assert narrowing_unwanted(narrow, latest())  # another granularity's miss says nothing of row scales
+        kb.record_candidate(attention, status=Status.SLOWER, reason="model output outside the contract",
+                            verdict=_model_check(False), environment=environment)
+        assert narrowing_unwanted(narrow, latest())  # nor does a miss with FP8 attention, which it leaves out
         kb.record_candidate(row, status=Status.ACCEPTED, reason="end-to-end win", verdict=_model_check(True),
                             environment=environment)
         assert narrowing_unwanted(narrow, latest())  # all of them met it: a part of them is not wanted
