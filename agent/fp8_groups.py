@@ -85,7 +85,17 @@ def narrowed(config: Any, group: LinearGroup) -> Any:
     return dataclasses.replace(config, include=group.paths, attention=False)
 
 
-def _fp8(candidate: Candidate) -> Mapping[str, Any] | None:
+GROUP = "group"  # the marker in a narrowed choice's fp8-linear options (its config alone cannot tell:
+# a user's Fp8Config may have include patterns of its own)
+
+
+def group_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A narrowed choice's pass options: ``options`` (:func:`kopt.agent.pipeline_choice.fp8_options`
+    of its config) marked as one group's, which the compile ignores and :func:`is_narrowed` reads."""
+    return {**options, GROUP: True}
+
+
+def _options(candidate: Candidate) -> Mapping[str, Any] | None:
     if candidate.kind is not CandidateKind.PASS_CHOICE:
         return None
     try:
@@ -94,14 +104,19 @@ def _fp8(candidate: Candidate) -> Mapping[str, Any] | None:
         return None
     for name, encoded in choice.get("options", ()) if isinstance(choice, Mapping) else ():
         if name == "fp8-linear":
-            return json.loads(encoded).get("fp8")
+            return json.loads(encoded)
     return None
 
 
+def _fp8(candidate: Candidate) -> Mapping[str, Any] | None:
+    options = _options(candidate)
+    return options.get("fp8") if options is not None else None
+
+
 def is_narrowed(candidate: Candidate) -> bool:
-    """Whether ``candidate`` is an FP8 choice for some of its graph's linears only (named by path)."""
-    config = _fp8(candidate)
-    return config is not None and list(config.get("include", ["*"])) != ["*"]
+    """Whether ``candidate`` is an FP8 choice for one group of its graph's linears (:func:`group_options`)."""
+    options = _options(candidate)
+    return options is not None and options.get(GROUP) is True
 
 
 def narrowing_unwanted(candidate: Candidate, records: Iterable[Any]) -> str | None:

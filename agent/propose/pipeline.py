@@ -101,23 +101,24 @@ def fp8_choices(base: Sequence[str], fp8: Any, graph_module: Any = None) -> list
     also FP8 at the config's granularity on each group of its linears alone, largest first, where it
     has two groups or more (:mod:`kopt.agent.fp8_groups`: the loop tries them only after FP8 on all
     of them missed the model's output contract)."""
-    from kopt.agent.fp8_groups import group_changes, linear_groups, narrowed
+    from kopt.agent.fp8_groups import group_changes, group_options, linear_groups, narrowed
     from kopt.fp8.config import Granularity
     from kopt.passes.pipeline import default_pipeline, fp8_pipeline, resolve
 
     auto = tuple(base) == tuple(p.name for p in default_pipeline())
-    configs = [(dataclasses.replace(fp8, granularity=g), f"fp8 {g.value} scales") for g in Granularity]
+    configs = [(dataclasses.replace(fp8, granularity=g), f"fp8 {g.value} scales", False) for g in Granularity]
     if not fp8.attention:
         configs.append((dataclasses.replace(fp8, attention=True),
-                        f"fp8 {Granularity(fp8.granularity).value} scales + fp8 attention"))
+                        f"fp8 {Granularity(fp8.granularity).value} scales + fp8 attention", False))
     groups = linear_groups(graph_module, fp8) if graph_module is not None else []
     if len(groups) >= 2:
-        configs += [(narrowed(fp8, group), change)
+        configs += [(narrowed(fp8, group), change, True)
                     for group, change in group_changes(groups, Granularity(fp8.granularity).value)]
     choices = []
-    for config, change in configs:
+    for config, change, group in configs:
         passes = fp8_pipeline(config) if auto else resolve(list(base), config)
-        encoded = json.dumps(fp8_options(config), sort_keys=True)
+        options = group_options(fp8_options(config)) if group else fp8_options(config)
+        encoded = json.dumps(options, sort_keys=True)
         with_options = tuple((p.name, encoded) for p in passes if p.name in ("fp8-linear", "fp8-attention"))
         choices.append(PipelineChoice(tuple(p.name for p in passes), tuple(base), with_options, change=change))
     return choices

@@ -94,6 +94,9 @@ def test_a_narrowed_choice_waits_for_the_whole_graph_choice_at_its_granularity_t
     narrow, row, tensor, attention = (found[k] for k in ("fp8 row scales on down.weight only", "fp8 row scales",
                                                            "fp8 tensor scales", "fp8 row scales + fp8 attention"))
     assert is_narrowed(narrow) and not is_narrowed(row) and not is_narrowed(tensor)
+    own = Fp8Config(min_features=16, include=("qkv.*", "down.*"))  # a user's own include patterns
+    assert not any(is_narrowed(to_candidate(graph.signature, c)) for c in fp8_choices(base_pipeline(), own)
+                   if " only" not in c.change)
     with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
         environment = kb.record_environment(current_environment())
         kb.record_region(graph_region(graph.original))
