@@ -293,6 +293,19 @@ def overrun(evaluations: Sequence[Any], deadline: float, now: float) -> float | 
     return expected if now + expected > deadline else None
 
 
+def kind_overrun(evaluations: Sequence[Any], kind: CandidateKind, deadline: float, now: float) -> float | None:
+    """The seconds a candidate of ``kind`` took (median of this run's evaluations of that kind, however
+    they ended) when fewer are left before ``deadline``, else None. Why per kind: a generated kernel's
+    verification and micro timing take 60-170 s on a full-size model where a pipeline choice settles in
+    10-30 s, so the median of all end-to-end evaluations (:func:`overrun`) lets one start with half a
+    minute left and outlast the lease; the cheaper kinds may still fit."""
+    seconds = [e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds]
+    if not seconds:
+        return None
+    expected = statistics.median(seconds)
+    return expected if now + expected > deadline else None
+
+
 def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *, budget_min: float = 20.0,
              proposer: str = "search", kb_path: str | Path | None = None, seed: int = 0, clock: Any = None,
              verify_config: VerifyConfig | None = None, bench_config: BenchConfig | None = None,
@@ -339,7 +352,8 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
             results as they come keeps them if the run is killed).
 
     A choice that tunes GEMMs is not started when its expected tuning time
-    (:func:`kopt.agent.tuning_cost.tuning_seconds`) exceeds the time left; it is listed in
+    (:func:`kopt.agent.tuning_cost.tuning_seconds`) exceeds the time left, nor a candidate of a kind
+    whose evaluations in this run took longer than is left (:func:`kind_overrun`); each is listed in
     ``OptimizeResult.deferred`` and stays unevaluated for a run with more time.
     """
     if proposer not in PROPOSERS:
@@ -481,6 +495,13 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                     log.info("agent: not started (%s): its GEMM tuning takes about %.0f s, %.0f s are left",
                              dict(candidate.params).get("change", candidate.kind.value), tuning,
                              deadline - time.monotonic())
+                    deferred.append(candidate)
+                    continue
+                longer = kind_overrun(evaluations, candidate.kind, deadline, time.monotonic())
+                if longer is not None:
+                    log.info("agent: not started (%s): a %s candidate took about %.0f s in this run, %.0f s are "
+                             "left", dict(candidate.params).get("change", candidate.kind.value),
+                             candidate.kind.value, longer, deadline - time.monotonic())
                     deferred.append(candidate)
                     continue
                 log.info("agent: candidate %d (%s %s) for region %s", len(evaluations) + 1, candidate.kind.value,

@@ -27,7 +27,8 @@ def candidate_table(result: Any) -> str:
                  f"{result.clock.name}; {result.elapsed_s:.0f} s" + (f"; stopped: {result.stopped}" if result.stopped
                                                                       else ""))
     if getattr(result, "deferred", None):
-        lines.append(f"{len(result.deferred)} not started, their GEMM tuning longer than the time left: "
+        lines.append(f"{len(result.deferred)} not started, longer than the time left (GEMM tuning, or a kind "
+                     "whose evaluations took longer): "
                      + "; ".join(dict(c.params).get("change", c.kind.value) for c in result.deferred)[:300])
     unreplayed = getattr(result.clock, "unreplayed", None)
     if unreplayed:

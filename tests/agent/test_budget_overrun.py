@@ -41,3 +41,47 @@ def test_the_table_says_when_a_side_was_not_replayed():
     assert "1 side(s) of the A/B ran as plain calls" in table and "stream is capturing" in table
     clock.unreplayed = {}
     assert "plain calls" not in candidate_table(result)
+
+
+@dataclasses.dataclass
+class _Kind:
+    kind: object
+
+
+@dataclasses.dataclass
+class _Timed:
+    seconds: float
+    candidate: _Kind
+    e2e: object | None = None
+
+
+def test_a_kind_whose_evaluations_took_longer_than_is_left_does_not_start():
+    from kopt.agent.candidate import CandidateKind
+    from kopt.agent.loop import kind_overrun
+
+    kernel, choice = CandidateKind.CODEGEN_VARIANT, CandidateKind.PASS_CHOICE
+    runs = [_Timed(8.0, _Kind(choice), object()), _Timed(12.0, _Kind(choice), object()),
+            _Timed(156.0, _Kind(kernel)), _Timed(71.0, _Kind(kernel), object()), _Timed(60.0, _Kind(kernel))]
+    assert overrun(runs, deadline=540.0, now=512.0) is None  # 28 s left, the median A/B took 12 s
+    assert kind_overrun(runs, kernel, deadline=540.0, now=512.0) == 71.0  # a generated kernel: ~71 s
+    assert kind_overrun(runs, choice, deadline=540.0, now=512.0) is None  # a pipeline choice still fits
+    assert kind_overrun(runs, kernel, deadline=540.0, now=400.0) is None
+    assert kind_overrun([], kernel, deadline=540.0, now=539.0) is None  # nothing of the kind timed yet
+
+
+def test_the_loop_defers_a_kind_that_would_outlast_the_budget_and_runs_the_others(tmp_path, monkeypatch):
+    """Wired into the real loop (CPU, cost model): with every region candidate's kind said to outlast
+    the budget, none starts and each is listed as deferred; the pipeline choices still run."""
+    import kopt.agent.loop as loop
+    from kopt.agent import optimize
+    from kopt.agent.candidate import CandidateKind
+    from tests.agent.tiny_models import sigmoid_gelu_mlp
+
+    monkeypatch.setattr(loop, "kind_overrun", lambda evaluations, kind, deadline, now:
+                        3600.0 if kind is not CandidateKind.PASS_CHOICE else None)
+    model, inputs = sigmoid_gelu_mlp()
+    result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", clock="cost-model", seed=0,
+                      model_name="mlp")
+    assert result.deferred and all(c.kind is not CandidateKind.PASS_CHOICE for c in result.deferred)
+    assert result.evaluations and all(e.candidate.kind is CandidateKind.PASS_CHOICE for e in result.evaluations)
+    assert "not started, longer than the time left" in result.table()
