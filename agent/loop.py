@@ -298,8 +298,9 @@ def kind_overrun(evaluations: Sequence[Any], kind: CandidateKind, deadline: floa
     they ended) when fewer are left before ``deadline``, else None. Why per kind: a generated kernel's
     verification and micro timing take 60-170 s on a full-size model where a pipeline choice settles in
     10-30 s, so the median of all end-to-end evaluations (:func:`overrun`) lets one start with half a
-    minute left and outlast the lease; the cheaper kinds may still fit."""
-    seconds = [e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds]
+    minute left and outlast the lease; the cheaper kinds may still fit. Evaluations settled in under a
+    second (a region gone under the kept choices: nothing was run) are left out of the median."""
+    seconds = [e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds and e.seconds >= 1.0]
     if not seconds:
         return None
     expected = statistics.median(seconds)

@@ -67,6 +67,8 @@ def test_a_kind_whose_evaluations_took_longer_than_is_left_does_not_start():
     assert kind_overrun(runs, choice, deadline=540.0, now=512.0) is None  # a pipeline choice still fits
     assert kind_overrun(runs, kernel, deadline=540.0, now=400.0) is None
     assert kind_overrun([], kernel, deadline=540.0, now=539.0) is None  # nothing of the kind timed yet
+    settled = [_Timed(0.01, _Kind(kernel)) for _ in range(5)]  # "changes nothing": nothing was run
+    assert kind_overrun(runs + settled, kernel, deadline=540.0, now=512.0) == 71.0
 
 
 def test_the_loop_defers_a_kind_that_would_outlast_the_budget_and_runs_the_others(tmp_path, monkeypatch):
