@@ -37,11 +37,23 @@ def _choice(source: str) -> Mapping[str, Any] | None:
     return data if isinstance(data, Mapping) and "passes" in data else None
 
 
-def _fp8_config(choice: Mapping[str, Any]) -> dict | None:
+def fp8_linear_options(choice: Mapping[str, Any]) -> dict | None:
+    """The decoded options a pipeline choice (its JSON, decoded) gives ``fp8-linear``: ``{"fp8": config
+    fields, ...}``, or None when it runs no FP8 linears."""
     for name, encoded in choice.get("options", ()):
         if name == "fp8-linear":
-            return json.loads(encoded).get("fp8")
+            return json.loads(encoded)
     return None
+
+
+def pipeline_choice_of(candidate: Candidate) -> Mapping[str, Any] | None:
+    """``candidate``'s pipeline choice, decoded, or None when it is not one."""
+    return _choice(candidate.source) if candidate.kind is CandidateKind.PASS_CHOICE else None
+
+
+def _fp8_config(choice: Mapping[str, Any]) -> dict | None:
+    options = fp8_linear_options(choice)
+    return options.get("fp8") if options is not None else None
 
 
 def _is_subsequence(short: Sequence[str], long: Sequence[str]) -> bool:

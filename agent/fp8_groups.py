@@ -21,14 +21,13 @@ set worth a minute of the budget.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from kopt.agent.candidate import Candidate, CandidateKind
-from kopt.agent.fp8_dominance import missed_model_contract
+from kopt.agent.candidate import Candidate
+from kopt.agent.fp8_dominance import fp8_linear_options, missed_model_contract, pipeline_choice_of
 
 aten = torch.ops.aten
 _GEMMS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
@@ -96,16 +95,8 @@ def group_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _options(candidate: Candidate) -> Mapping[str, Any] | None:
-    if candidate.kind is not CandidateKind.PASS_CHOICE:
-        return None
-    try:
-        choice = json.loads(candidate.source)
-    except (TypeError, ValueError):
-        return None
-    for name, encoded in choice.get("options", ()) if isinstance(choice, Mapping) else ():
-        if name == "fp8-linear":
-            return json.loads(encoded)
-    return None
+    choice = pipeline_choice_of(candidate)
+    return fp8_linear_options(choice) if choice is not None else None
 
 
 def _fp8(candidate: Candidate) -> Mapping[str, Any] | None:
