@@ -281,26 +281,21 @@ def wants_regional(model: Any, regional: bool | None, lower: str, clock: Any) ->
     return regional
 
 
-def overrun(evaluations: Sequence[Any], deadline: float, now: float) -> float | None:
-    """The seconds an end-to-end evaluation takes (median of those so far) when fewer are left before
-    ``deadline``, else None. Why the median of the end-to-end ones: they dominate a run (a whole-model
-    A/B against seconds for a candidate settled before it), and a budget that is the GPU time one lease
-    gives must not be overrun by the candidate started last."""
-    seconds = [e.seconds for e in evaluations if e.e2e is not None and e.seconds]
-    if not seconds:
-        return None
-    expected = statistics.median(seconds)
-    return expected if now + expected > deadline else None
+def overrun(evaluations: Sequence[Any], deadline: float, now: float, kind: CandidateKind | None = None
+            ) -> float | None:
+    """The seconds the next evaluation takes when fewer are left before ``deadline``, else None.
 
-
-def kind_overrun(evaluations: Sequence[Any], kind: CandidateKind, deadline: float, now: float) -> float | None:
-    """The seconds a candidate of ``kind`` took (median of this run's evaluations of that kind, however
-    they ended) when fewer are left before ``deadline``, else None. Why per kind: a generated kernel's
-    verification and micro timing take 60-170 s on a full-size model where a pipeline choice settles in
-    10-30 s, so the median of all end-to-end evaluations (:func:`overrun`) lets one start with half a
-    minute left and outlast the lease; the cheaper kinds may still fit. Evaluations settled in under a
-    second (a region gone under the kept choices: nothing was run) are left out of the median."""
-    seconds = [e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds and e.seconds >= 1.0]
+    Without ``kind``: the median of the end-to-end evaluations so far — they dominate a run (a
+    whole-model A/B against seconds for a candidate settled before it), and a budget that is the GPU
+    time one lease gives must not be overrun by the candidate started last. With ``kind``: the median
+    of this run's evaluations of that kind, however they ended, those settled in under a second (a
+    region gone under the kept choices: nothing ran) left out — a generated kernel's verification and
+    micro timing take 60-170 s on a full-size model where a pipeline choice settles in 10-30 s, so the
+    overall median lets one start with half a minute left; the cheaper kinds may still fit."""
+    if kind is None:
+        seconds = [e.seconds for e in evaluations if e.e2e is not None and e.seconds]
+    else:
+        seconds = [e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds and e.seconds >= 1.0]
     if not seconds:
         return None
     expected = statistics.median(seconds)
@@ -354,7 +349,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
 
     A choice that tunes GEMMs is not started when its expected tuning time
     (:func:`kopt.agent.tuning_cost.tuning_seconds`) exceeds the time left, nor a candidate of a kind
-    whose evaluations in this run took longer than is left (:func:`kind_overrun`); each is listed in
+    whose evaluations in this run took longer than is left (:func:`overrun` with ``kind``); each is listed in
     ``OptimizeResult.deferred`` and stays unevaluated for a run with more time.
     """
     if proposer not in PROPOSERS:
@@ -498,7 +493,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                              deadline - time.monotonic())
                     deferred.append(candidate)
                     continue
-                longer = kind_overrun(evaluations, candidate.kind, deadline, time.monotonic())
+                longer = overrun(evaluations, deadline, time.monotonic(), candidate.kind)
                 if longer is not None:
                     log.info("agent: not started (%s): a %s candidate took about %.0f s in this run, %.0f s are "
                              "left", dict(candidate.params).get("change", candidate.kind.value),

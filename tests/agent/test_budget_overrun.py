@@ -57,18 +57,16 @@ class _Timed:
 
 def test_a_kind_whose_evaluations_took_longer_than_is_left_does_not_start():
     from kopt.agent.candidate import CandidateKind
-    from kopt.agent.loop import kind_overrun
-
     kernel, choice = CandidateKind.CODEGEN_VARIANT, CandidateKind.PASS_CHOICE
     runs = [_Timed(8.0, _Kind(choice), object()), _Timed(12.0, _Kind(choice), object()),
             _Timed(156.0, _Kind(kernel)), _Timed(71.0, _Kind(kernel), object()), _Timed(60.0, _Kind(kernel))]
     assert overrun(runs, deadline=540.0, now=512.0) is None  # 28 s left, the median A/B took 12 s
-    assert kind_overrun(runs, kernel, deadline=540.0, now=512.0) == 71.0  # a generated kernel: ~71 s
-    assert kind_overrun(runs, choice, deadline=540.0, now=512.0) is None  # a pipeline choice still fits
-    assert kind_overrun(runs, kernel, deadline=540.0, now=400.0) is None
-    assert kind_overrun([], kernel, deadline=540.0, now=539.0) is None  # nothing of the kind timed yet
+    assert overrun(runs, deadline=540.0, now=512.0, kind=kernel) == 71.0  # a generated kernel: ~71 s
+    assert overrun(runs, deadline=540.0, now=512.0, kind=choice) is None  # a pipeline choice still fits
+    assert overrun(runs, deadline=540.0, now=400.0, kind=kernel) is None
+    assert overrun([], deadline=540.0, now=539.0, kind=kernel) is None  # nothing of the kind timed yet
     settled = [_Timed(0.01, _Kind(kernel)) for _ in range(5)]  # "changes nothing": nothing was run
-    assert kind_overrun(runs + settled, kernel, deadline=540.0, now=512.0) == 71.0
+    assert overrun(runs + settled, deadline=540.0, now=512.0, kind=kernel) == 71.0
 
 
 def test_the_loop_defers_a_kind_that_would_outlast_the_budget_and_runs_the_others(tmp_path, monkeypatch):
@@ -79,8 +77,9 @@ def test_the_loop_defers_a_kind_that_would_outlast_the_budget_and_runs_the_other
     from kopt.agent.candidate import CandidateKind
     from tests.agent.tiny_models import sigmoid_gelu_mlp
 
-    monkeypatch.setattr(loop, "kind_overrun", lambda evaluations, kind, deadline, now:
-                        3600.0 if kind is not CandidateKind.PASS_CHOICE else None)
+    original = loop.overrun
+    monkeypatch.setattr(loop, "overrun", lambda evaluations, deadline, now, kind=None: original(
+        evaluations, deadline, now) if kind is None else 3600.0 if kind is not CandidateKind.PASS_CHOICE else None)
     model, inputs = sigmoid_gelu_mlp()
     result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", clock="cost-model", seed=0,
                       model_name="mlp")
