@@ -24,7 +24,7 @@ the logits in float32 where the model rounds them to bf16 after every step (with
 up to 0.125 per logit), so it is closer to the float32 model than the model's own bf16 arithmetic.
 
 Not in ``"auto"``: measured at one shape class only (Gemma-2-9B prefill, 2,048 tokens, head dim 256:
-7 % faster end to end than Inductor's lowering of the spelled-out form, ``dit-full-gemma2-s29e``);
+6.4 % faster end to end than Inductor's lowering of the spelled-out form, ``dit-full-gemma2-s29e``);
 short prompts and other head dims are unmeasured, so the agent's ``add fuse-attention`` choice decides
 it per model end to end, and ``passes="auto"`` applies it from the knowledge base where it was kept.
 """
