@@ -79,7 +79,8 @@ def test_a_forward_that_sends_a_python_number_to_the_gpu_is_recorded_and_replays
 def test_code_dynamo_compiled_recompiles_under_the_fills_once_so_a_warm_up_takes_that_compile():
     """Dynamo guards on ``torch.tensor`` itself: the first call under the fills compiles again. The
     runner's warm-ups run under them, so that compile happens there and not inside the capture (where
-    its device work would invalidate the recording); later entries reuse it."""
+    its device work would invalidate the recording); later entries reuse it. This is the behaviour of
+    dynamo the runner relies on; the runner itself needs CUDA (the GPU test below)."""
     compiles = []
 
     def backend(gm, example_inputs):
