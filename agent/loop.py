@@ -281,8 +281,8 @@ def wants_regional(model: Any, regional: bool | None, lower: str, clock: Any) ->
     return regional
 
 
-def overrun(evaluations: Sequence[Any], deadline: float, now: float, kind: CandidateKind | None = None
-            ) -> float | None:
+def overrun(evaluations: Sequence[Any], deadline: float, now: float, kind: CandidateKind | None = None,
+            recorded: Sequence[float] = ()) -> float | None:
     """The seconds the next evaluation takes when fewer are left before ``deadline``, else None.
 
     Without ``kind``: the median of the end-to-end evaluations so far — they dominate a run (a
@@ -291,11 +291,15 @@ def overrun(evaluations: Sequence[Any], deadline: float, now: float, kind: Candi
     of this run's evaluations of that kind, however they ended, those settled in under a second (a
     region gone under the kept choices: nothing ran) left out — a generated kernel's verification and
     micro timing take 60-170 s on a full-size model where a pipeline choice settles in 10-30 s, so the
-    overall median lets one start with half a minute left; the cheaper kinds may still fit."""
+    overall median lets one start with half a minute left; the cheaper kinds may still fit. Until this
+    run has timed a candidate of the kind, ``recorded`` (the knowledge base's times for the kind on this
+    machine, :meth:`kopt.agent.kb.store.KnowledgeBase.evaluation_seconds`) stands in: a resumed run's
+    first generated kernel costs what the earlier runs' did."""
     if kind is None:
         seconds = [e.seconds for e in evaluations if e.e2e is not None and e.seconds]
     else:
-        seconds = [e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds and e.seconds >= 1.0]
+        seconds = ([e.seconds for e in evaluations if e.candidate.kind is kind and e.seconds and e.seconds >= 1.0]
+                   or [s for s in recorded if s >= 1.0])
     if not seconds:
         return None
     expected = statistics.median(seconds)
@@ -412,6 +416,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                            timing=timing, occurrences=counts) if micro else None
         accepted = _resume(kb, list(regions), environment)
         resumed = dict(accepted)
+        recorded_seconds = kb.evaluation_seconds(environment)  # per kind, for overrun() before one is timed
         evaluations, skipped, stopped, deferred = [], 0, "", []
         def follow_up() -> list[Occurrence]:
             """Register the regions the accepted choices made (:func:`regions_under_accepted`)."""
@@ -493,9 +498,10 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                              deadline - time.monotonic())
                     deferred.append(candidate)
                     continue
-                longer = overrun(evaluations, deadline, time.monotonic(), candidate.kind)
+                longer = overrun(evaluations, deadline, time.monotonic(), candidate.kind,
+                                 recorded_seconds.get(candidate.kind.value, ()))
                 if longer is not None:
-                    log.info("agent: not started (%s): a %s candidate took about %.0f s in this run, %.0f s are "
+                    log.info("agent: not started (%s): a %s candidate takes about %.0f s on this machine, %.0f s are "
                              "left", dict(candidate.params).get("change", candidate.kind.value),
                              candidate.kind.value, longer, deadline - time.monotonic())
                     deferred.append(candidate)
@@ -527,7 +533,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                     bench.saw_model_call(e2e.baseline)  # the Amdahl bound's base (kopt.agent.micro)
                 record = kb.record_candidate(candidate, status=evaluation.status, reason=evaluation.reason,
                                              verdict=evaluation.verdict, micro=evaluation.micro, e2e=e2e,
-                                             environment=environment)
+                                             environment=environment, seconds=evaluation.seconds)
                 if evaluation.status is not Status.ERROR:  # the machine's failure teaches nothing of the candidate
                     _lesson(kb, regions[candidate.region_signature], evaluation, record)
                 if evaluation.status is Status.ACCEPTED:

@@ -128,6 +128,8 @@ class CandidateRecord:
         micro, e2e: measurements, when taken.
         supersedes: the record hash of the earlier evaluation this one replaces.
         record_hash: this record's content hash; ``id`` is the local row id (not part of the content).
+        seconds: how long the evaluation took in the loop, when recorded (a resumed run's estimate of
+            what a candidate of this kind costs before it has timed one itself).
     """
 
     candidate: dict
@@ -142,9 +144,11 @@ class CandidateRecord:
     supersedes: str | None
     created_at: float
     id: int | None = dataclasses.field(default=None, compare=False)
+    seconds: float | None = None
 
     def content(self) -> dict:
-        return {"candidate": self.candidate, "candidate_hash": self.candidate_hash,
+        timed = {} if self.seconds is None else {"seconds": self.seconds}  # older records: no key, same hash
+        return {**timed, "candidate": self.candidate, "candidate_hash": self.candidate_hash,
                 "region_signature": self.region_signature, "environment_key": self.environment_key,
                 "status": self.status.value, "reason": self.reason, "verification": self.verification,
                 "micro": self.micro.to_dict() if self.micro else None, "e2e": self.e2e.to_dict() if self.e2e else None,
@@ -164,7 +168,7 @@ class CandidateRecord:
                                data["environment_key"], Status(data["status"]), data["reason"],
                                data.get("verification"),
                                Measurement.from_dict(data.get("micro")), Measurement.from_dict(data.get("e2e")),
-                               data.get("supersedes"), float(data["created_at"]), row_id)
+                               data.get("supersedes"), float(data["created_at"]), row_id, data.get("seconds"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +183,11 @@ class Lesson:
     environment_key: str | None
     created_at: float
     id: int | None = dataclasses.field(default=None, compare=False)
+    seconds: float | None = None
 
     def content(self) -> dict:
-        return {"class_key": self.class_key, "outcome": self.outcome.value, "text": self.text,
+        timed = {} if self.seconds is None else {"seconds": self.seconds}  # older records: no key, same hash
+        return {**timed, "class_key": self.class_key, "outcome": self.outcome.value, "text": self.text,
                 "evidence": list(self.evidence), "region_signature": self.region_signature,
                 "environment_key": self.environment_key, "created_at": self.created_at}
 

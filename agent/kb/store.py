@@ -127,9 +127,10 @@ class KnowledgeBase:
     def record_candidate(self, candidate: object, *, status: Status, reason: str, verdict: object | None = None,
                          micro: Measurement | None = None, e2e: Measurement | None = None,
                          environment: Environment | None = None, supersedes: CandidateRecord | str | None = None,
-                         created_at: float | None = None) -> CandidateRecord:
+                         created_at: float | None = None, seconds: float | None = None) -> CandidateRecord:
         """Store one evaluation of a :class:`kopt.agent.candidate.Candidate`. Its region must be
-        recorded first. ``supersedes`` links a re-evaluation to the record it replaces."""
+        recorded first. ``supersedes`` links a re-evaluation to the record it replaces; ``seconds`` is
+        how long the evaluation took."""
         if environment is None:
             from kopt.agent.kb.environment import current_environment
 
@@ -138,7 +139,7 @@ class KnowledgeBase:
         record = CandidateRecord(candidate.to_dict(), candidate.content_hash, candidate.region_signature,
                                  environment.key, Status(status), reason,
                                  verdict.to_dict() if hasattr(verdict, "to_dict") else verdict, micro, e2e, previous,
-                                 time.time() if created_at is None else created_at)
+                                 time.time() if created_at is None else created_at, seconds=seconds)
         with self.transaction() as db:
             if db.execute("SELECT 1 FROM regions WHERE signature = ?", (record.region_signature,)).fetchone() is None:
                 raise UnknownRecord(f"region {record.region_signature[:12]} is not in the knowledge base: "
@@ -230,6 +231,15 @@ class KnowledgeBase:
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
         records = self._candidates(where, tuple(args))
         return records[-limit:] if limit else records
+
+    def evaluation_seconds(self, environment: Environment) -> dict[str, list[float]]:
+        """How long the recorded evaluations on ``environment`` took, per candidate kind (records that
+        say): what a resumed run expects a kind to cost before it has timed one of its own."""
+        found: dict[str, list[float]] = {}
+        for record in self.candidates(environment=environment):
+            if record.seconds:
+                found.setdefault(record.kind, []).append(record.seconds)
+        return found
 
     def latest(self, *, signature: str | None = None, environment: Environment | None = None) -> list[CandidateRecord]:
         """The newest evaluation of each distinct candidate (a re-evaluation replaces the earlier one):

@@ -78,7 +78,7 @@ def test_the_loop_defers_a_kind_that_would_outlast_the_budget_and_runs_the_other
     from tests.agent.tiny_models import sigmoid_gelu_mlp
 
     original = loop.overrun
-    monkeypatch.setattr(loop, "overrun", lambda evaluations, deadline, now, kind=None: original(
+    monkeypatch.setattr(loop, "overrun", lambda evaluations, deadline, now, kind=None, recorded=(): original(
         evaluations, deadline, now) if kind is None else 3600.0 if kind is not CandidateKind.PASS_CHOICE else None)
     model, inputs = sigmoid_gelu_mlp()
     result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", clock="cost-model", seed=0,
@@ -86,3 +86,74 @@ def test_the_loop_defers_a_kind_that_would_outlast_the_budget_and_runs_the_other
     assert result.deferred and all(c.kind is not CandidateKind.PASS_CHOICE for c in result.deferred)
     assert result.evaluations and all(e.candidate.kind is CandidateKind.PASS_CHOICE for e in result.evaluations)
     assert "not started, longer than the time left" in result.table()
+
+
+def test_before_a_kind_is_timed_in_this_run_the_knowledge_base_s_times_stand_in():
+    """A resumed run's first generated kernel costs what the earlier runs' did on this machine: their
+    recorded times decide until this run has timed one; then this run's own times do."""
+    from kopt.agent.candidate import CandidateKind
+    kernel, choice = CandidateKind.CODEGEN_VARIANT, CandidateKind.PASS_CHOICE
+    earlier = [58.0, 171.0, 90.0, 0.02]  # the last settled untimed: left out
+    runs = [_Timed(10.0, _Kind(choice), object())]
+    assert overrun(runs, deadline=540.0, now=500.0, kind=kernel, recorded=earlier) == 90.0
+    assert overrun(runs, deadline=540.0, now=400.0, kind=kernel, recorded=earlier) is None
+    own = runs + [_Timed(30.0, _Kind(kernel), object())]
+    assert overrun(own, deadline=540.0, now=500.0, kind=kernel, recorded=earlier) is None  # 40 s left, ~30 s
+
+
+def test_the_knowledge_base_keeps_each_evaluation_s_time_per_kind(tmp_path):
+    """The store keeps how long an evaluation took (the loop's figure) and gives them back per kind for
+    one environment; a record without a time hashes as records always did (the key is absent)."""
+    from kopt.agent.candidate import Candidate, CandidateKind
+    from kopt.agent.kb import KnowledgeBase, Status
+    from kopt.passes.base import Contract
+    from tests.agent.kb_helpers import GPU_ENV, candidate_for, scaled_gelu_region
+
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        region = scaled_gelu_region()
+        kb.record_region(region, model="m")
+        timed = kb.record_candidate(candidate_for(region, 1), status=Status.SLOWER, reason="0.3 % slower",
+                                    environment=GPU_ENV, seconds=64.5)
+        untimed = kb.record_candidate(candidate_for(region, 2), status=Status.SLOWER, reason="slower",
+                                      environment=GPU_ENV)
+        kernel = Candidate(region.signature, CandidateKind.CODEGEN_VARIANT, "def candidate(b, x):\n    return x\n",
+                           Contract.tolerance(1e-5), why="t", origin="test")
+        kb.record_candidate(kernel, status=Status.REJECTED, reason="wrong", environment=GPU_ENV, seconds=120.0)
+        kb.record_candidate(candidate_for(region, 3), status=Status.SLOWER, reason="elsewhere",
+                            environment=kb.record_environment(), seconds=5.0)
+        assert kb.candidate(timed.record_hash).seconds == 64.5
+        assert "seconds" not in untimed.content() and kb.candidate(untimed.record_hash).seconds is None
+        assert kb.evaluation_seconds(GPU_ENV) == {CandidateKind.RULE_BY_EXAMPLE.value: [64.5],
+                                                  CandidateKind.CODEGEN_VARIANT.value: [120.0]}
+
+
+def test_the_loop_records_each_evaluation_s_time_and_reads_them_back_on_resume(tmp_path, monkeypatch):
+    """Through the real loop (CPU, cost model): every evaluation's time is in its record, and a run over
+    that file hands those times, per kind, to the budget rule."""
+    import kopt.agent.loop as loop
+    from kopt.agent import optimize
+    from kopt.agent.kb import KnowledgeBase
+    from tests.agent.tiny_models import sigmoid_gelu_mlp
+
+    model, inputs = sigmoid_gelu_mlp()
+    path = tmp_path / "kb.sqlite"
+    first = optimize(model, inputs, budget_min=5, kb_path=path, clock="cost-model", seed=0, model_name="mlp",
+                     max_candidates=4)
+    assert first.evaluations
+    with KnowledgeBase(path) as kb:
+        recorded = kb.evaluation_seconds(kb.record_environment())
+        by_hash = {r.candidate_hash: r.seconds for r in kb.candidates()}
+    for evaluation in first.evaluations:
+        assert by_hash[evaluation.candidate.content_hash] == evaluation.seconds
+    handed = []
+    original = loop.overrun
+
+    def spy(evaluations, deadline, now, kind=None, recorded=()):
+        if kind is not None:
+            handed.append((kind.value, list(recorded)))
+        return original(evaluations, deadline, now, kind, recorded)
+
+    monkeypatch.setattr(loop, "overrun", spy)
+    optimize(model, inputs, budget_min=5, kb_path=path, clock="cost-model", seed=0, model_name="mlp")
+    assert handed and all(seconds == recorded.get(kind, []) for kind, seconds in handed)
+    assert any(seconds for _, seconds in handed)
