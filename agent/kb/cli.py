@@ -63,7 +63,8 @@ def _show_candidate(kb: KnowledgeBase, record: CandidateRecord) -> None:
     print(f"  region     {record.region_signature}")
     print(f"  status     {record.status.value}: {record.reason}")
     print(f"  contract   {candidate['contract']}")
-    print(f"  recorded   {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.created_at))}")
+    took = f" (the evaluation took {record.seconds:.1f} s)" if record.seconds is not None else ""
+    print(f"  recorded   {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.created_at))}{took}")
     if record.supersedes:
         print(f"  supersedes {record.supersedes[:12]}{'' if kb.exists(record.supersedes) else ' (pruned)'}")
     later = [r for r in kb.history(record.candidate_hash) if r.supersedes == record.record_hash]

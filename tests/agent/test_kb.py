@@ -204,7 +204,8 @@ def _filled(kb: KnowledgeBase) -> None:
     region = scaled_gelu_region()
     kb.record_region(region, model="flux1")
     old = kb.record_candidate(candidate_for(region, 1), status=Status.ACCEPTED, reason="won", environment=GPU_ENV,
-                              e2e=Measurement("speedup", 1.02, 1.01, 1.03, 20), created_at=1000.0)
+                              e2e=Measurement("speedup", 1.02, 1.01, 1.03, 20), created_at=1000.0,
+                              seconds=42.0)
     kb.record_candidate(candidate_for(region, 1), status=Status.SLOWER, reason="lost", environment=GPU_ENV,
                         supersedes=old, created_at=2000.0)
     rejected = kb.record_candidate(candidate_for(region, 2), status=Status.REJECTED, reason="values",
@@ -295,7 +296,7 @@ def test_kb_command_line(tmp_path, capsys):
     assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["rejected"]
     assert main(["kb", "--kb", str(path), "show", first.record_hash[:10]]) == 0
     shown = capsys.readouterr().out
-    assert "superseded by" in shown and "def candidate(b, x)" in shown
+    assert "superseded by" in shown and "def candidate(b, x)" in shown and "the evaluation took 42.0 s" in shown
     export_file = tmp_path / "kb.jsonl"
     assert main(["kb", "--kb", str(path), "export", str(export_file)]) == 0
     assert main(["kb", "--kb", str(tmp_path / "copy.sqlite"), "import", str(export_file)]) == 0
