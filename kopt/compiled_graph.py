@@ -346,9 +346,10 @@ class CompiledGraph:
         captured, binding = self.captured, self.binding
         rewritten = captured is not None and binding is not None
         args = binding.inputs(first.inputs) if rewritten else first.inputs  # rewritten: weights are inputs now
-        key = lowering_memory.verdict_key((captured.graph_module if rewritten else self.dynamo_graph).code, args,
+        parts = lowering_memory.key_parts((captured.graph_module if rewritten else self.dynamo_graph).code, args,
                                           options.lower.value,
                                           lowering_memory.lowering_settings(options.mode, options.inductor_options))
+        key = lowering_memory.key_of(parts)
         before = lowering_memory.remembered(key)
         if before is not None:  # the same code passed before (kopt.lowering_memory): nothing new to check
             self.report.lowering_check = LoweringCheck(
@@ -357,6 +358,10 @@ class CompiledGraph:
                 f"({time.strftime('%Y-%m-%d %H:%M', time.localtime(before['passed_at']))}; "
                 f"{lowering_memory.RECHECK_ENV}=1 checks again)")
             return
+        changed = None if lowering_memory.rechecking() else lowering_memory.why_not_remembered(parts)
+        if changed:
+            log.info("graph %d: checking the lowering again: a check of this graph text passed before, with another %s",
+                     self.report.index, changed)
         if rewritten:
             check = check_lowering(first, lambda *a: self._run(first.inputs), args,
                                    lambda: first.op_by_op(captured.graph_module, args), options.lower.value,
@@ -367,7 +372,7 @@ class CompiledGraph:
         self.report.lowering_check = check
         self.report.reference_unavailable = first.unavailable
         if check.ok and check.outputs:  # judged and passed (not skipped with a note)
-            lowering_memory.remember(key, check.seconds, len(check.outputs))
+            lowering_memory.remember(key, check.seconds, len(check.outputs), parts)
         if check.ok:
             return
         reason = f"the graph lowered by {options.lower.value} failed its numeric check: " + "; ".join(

@@ -54,18 +54,31 @@ def _describe(value: Any) -> str:
     return type(value).__name__ if not isinstance(value, (int, float, bool, str, type(None))) else repr(value)
 
 
-def verdict_key(graph_code: str, args: Sequence[Any], lowering: str, options: Mapping[str, Any]) -> str:
-    """The key of a lowering: graph text, argument layouts, lowering and its options, device, versions."""
+def key_parts(graph_code: str, args: Sequence[Any], lowering: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """What decides a lowering, part by part (graph text, argument layouts, lowering and its options,
+    device, versions, kopt's source), each as a short hash: :func:`verdict_key` joins them, and a record
+    keeps them so that a miss can say which part changed (:func:`why_not_remembered`)."""
     import triton
 
     from kopt.version import __version__
 
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    parts = [graph_code, "|".join(_describe(a) for a in args), lowering, json.dumps(dict(options), sort_keys=True,
-             default=repr), device_name, torch.__version__, triton.__version__, __version__, kopt_source_hash(),
-             os.environ.get("TRITON_INTERPRET", "0")]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    parts = {"graph": graph_code, "arguments": "|".join(_describe(a) for a in args), "lowering": lowering,
+             "options": json.dumps(dict(options), sort_keys=True, default=repr), "device": device_name,
+             "versions": "\0".join((torch.__version__, triton.__version__, __version__)),
+             "kopt source": kopt_source_hash(), "interpreter": os.environ.get("TRITON_INTERPRET", "0")}
+    return {name: hashlib.sha256(text.encode()).hexdigest()[:16] for name, text in parts.items()}
+
+
+def verdict_key(graph_code: str, args: Sequence[Any], lowering: str, options: Mapping[str, Any]) -> str:
+    """The key of a lowering: graph text, argument layouts, lowering and its options, device, versions."""
+    return key_of(key_parts(graph_code, args, lowering, options))
+
+
+def key_of(parts: Mapping[str, str]) -> str:
+    """The file name of a verdict with these :func:`key_parts`."""
+    return hashlib.sha256("\0".join(f"{k}={v}" for k, v in sorted(parts.items())).encode()).hexdigest()
 
 
 def lowering_settings(mode: str, patches: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,9 +90,14 @@ def lowering_settings(mode: str, patches: Mapping[str, Any]) -> dict[str, Any]:
     return {"mode": mode, "patches": dict(patches), "inductor": hashlib.sha256(state.encode()).hexdigest()}
 
 
+def rechecking() -> bool:
+    """Whether ``KOPT_RECHECK_LOWERING`` asks for every graph to be checked again."""
+    return os.environ.get(RECHECK_ENV, "") not in ("", "0")
+
+
 def remembered(key: str) -> dict[str, Any] | None:
     """The record of a check that passed under ``key``, or None (none, unreadable, or a recheck asked)."""
-    if os.environ.get(RECHECK_ENV, "") not in ("", "0"):
+    if rechecking():
         return None
     try:
         return json.loads((folder() / f"{key}.json").read_text())
@@ -87,12 +105,34 @@ def remembered(key: str) -> dict[str, Any] | None:
         return None
 
 
-def remember(key: str, seconds: float, outputs: int) -> None:
+def remember(key: str, seconds: float, outputs: int, parts: Mapping[str, str] | None = None) -> None:
     """Record that the check under ``key`` passed (best effort: a cache that cannot be written is skipped)."""
     from kopt.cache_dir import write_atomically
 
-    record = {"passed_at": time.time(), "check_seconds": seconds, "outputs": outputs}
+    record = {"passed_at": time.time(), "check_seconds": seconds, "outputs": outputs, "parts": dict(parts or {})}
     try:
         write_atomically(folder() / f"{key}.json", json.dumps(record))
     except OSError:
         pass
+
+
+def why_not_remembered(parts: Mapping[str, str]) -> str | None:
+    """For a graph checked again: which parts of its key differ from the most recent remembered check of
+    the same graph text (e.g. "arguments, options"), or None when no check of this graph text passed
+    before. Read only on a miss; what a warm compile that re-checks a graph says about why."""
+    newest: tuple[float, dict] | None = None
+    try:
+        files = list(folder().glob("*.json"))
+    except OSError:
+        return None
+    for path in files:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        theirs = record.get("parts") or {}
+        if theirs.get("graph") == parts.get("graph") and (newest is None or record["passed_at"] > newest[0]):
+            newest = (record["passed_at"], theirs)
+    if newest is None:
+        return None
+    return ", ".join(name for name in parts if newest[1].get(name) != parts[name]) or "none (the file was unreadable)"

@@ -64,3 +64,27 @@ def test_the_inductor_configuration_is_part_of_the_settings():
     with torch._inductor.config.patch(coordinate_descent_tuning=True):
         patched = lowering_memory.lowering_settings("default", {})
     assert plain != patched and plain == lowering_memory.lowering_settings("default", {})
+
+
+def test_a_graph_checked_again_says_which_part_of_its_key_changed(tmp_path, monkeypatch, caplog):
+    """A warm compile that checks a graph again names what differs from the last passed check of the
+    same graph text (here Inductor's configuration, then the inputs' layout); a graph never checked
+    before gets no such line."""
+    import logging
+
+    monkeypatch.setenv("KOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(lowering_memory.RECHECK_ENV, raising=False)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
+    with caplog.at_level(logging.INFO, logger="kopt"):
+        _check(_mlp(0), x)
+        assert "checking the lowering again" not in caplog.text
+        with torch._inductor.config.patch(coordinate_descent_tuning=True):
+            again = _check(_mlp(0), x)
+    assert again.outputs and again.ok  # judged again, not trusted
+    assert "a check of this graph text passed before, with another options" in caplog.text
+    parts = lowering_memory.key_parts("code", [x], "inductor", SETTINGS)
+    assert lowering_memory.why_not_remembered(parts) is None  # this graph text never passed here
+    lowering_memory.remember(lowering_memory.key_of(parts), 0.1, 1, parts)
+    wider = lowering_memory.key_parts("code", [torch.randn(4, 17)], "inductor", SETTINGS)
+    assert lowering_memory.why_not_remembered(wider) == "arguments"
+    assert lowering_memory.remembered(lowering_memory.key_of(parts)) is not None
