@@ -13,11 +13,13 @@ Builds the workload's model with the benchmark's seed, prepares the variant as
 cold row (:class:`benchmarks.dit.measure.Timing`). Prints one JSON line, last:
 ``{"model", "variant", "compile_s", "first_call_s", "median_ms"}``.
 
-``--profile N`` runs the compile and the timed calls under :mod:`cProfile` and writes the N
-functions with the most cumulative and the most own time to stderr: where a warm compile's seconds
-go (Inductor's cache loads, Triton's launchers, kopt's passes and checks). The profiler slows
-Python-bound work, so such a run's ``compile_s`` is not the warm compile time: measure that in a run
-without it.
+``--sample N`` samples the thread's stack every 5 ms while it compiles and runs the timed calls
+(:mod:`benchmarks.tools.stack_sampler`) and writes the N functions with the most samples, on the
+stack and innermost, to stderr: where a warm compile's seconds go (Inductor's cache loads, Triton's
+launchers, kopt's passes and checks), at little cost to the compile. ``--profile N`` does the same
+with :mod:`cProfile`, which counts calls exactly but charges each one, so Python code of many small
+calls (fake tensors, dynamo) looks several times costlier than it is and such a run's ``compile_s``
+is not the warm compile time.
 """
 
 from __future__ import annotations
@@ -88,10 +90,25 @@ def profiled(top: int) -> Iterator[None]:
         sys.stderr.write(text.getvalue())
 
 
+@contextlib.contextmanager
+def sampled(top: int) -> Iterator[None]:
+    """Sample the block's stack when ``top`` > 0 (:mod:`benchmarks.tools.stack_sampler`); on exit write
+    its ``top`` functions by inclusive and by own samples to stderr."""
+    if top <= 0:
+        yield
+        return
+    from benchmarks.tools.stack_sampler import StackSampler
+
+    with StackSampler() as sampler:
+        yield
+    sys.stderr.write("\n==== stack samples ====\n" + sampler.report(top))
+
+
 def measure(model_name: str, variant_name: str, size: str, device: str, dtype: str,
-            profile_top: int = 0) -> dict[str, Any]:
+            profile_top: int = 0, sample_top: int = 0) -> dict[str, Any]:
     """Compile ``variant_name`` on ``model_name`` in this process; the first call's cost and a normal
-    call's. ``profile_top`` > 0: under cProfile (:func:`profiled`)."""
+    call's. ``profile_top`` > 0: under cProfile (:func:`profiled`); ``sample_top`` > 0: with its stack
+    sampled (:func:`sampled`)."""
     (variant,) = select(variant_name, size, whole_model=False)
     workload = get_workload(model_name)
     torch.manual_seed(0)
@@ -105,7 +122,7 @@ def measure(model_name: str, variant_name: str, size: str, device: str, dtype: s
         model(**inputs)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
-        with profiled(profile_top):
+        with profiled(profile_top), sampled(sample_top):
             prepared = variant.prepare(model, setup)
             timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
                                   warmup=1, repeats=3)
@@ -147,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile with cProfile and write the N costliest functions to stderr "
                              "(slows the compile: its compile_s is not the warm time)")
+    parser.add_argument("--sample", type=int, default=0, metavar="N",
+                        help="sample the stack every 5 ms and write the N functions with the most samples "
+                             "to stderr (little overhead: where the warm compile's wall time goes)")
     args = parser.parse_args(argv)
     # kopt's progress (each pass, lowering, tuning) on stderr, timed from the process's start: the
     # parent keeps it as log-warm-<model>-<variant>.txt
@@ -155,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     kopt_log = logging.getLogger("kopt")
     kopt_log.setLevel(logging.INFO)
     kopt_log.addHandler(handler)
-    result = measure(args.model, args.variant, args.size, args.device, args.dtype, profile_top=args.profile)
+    result = measure(args.model, args.variant, args.size, args.device, args.dtype, profile_top=args.profile,
+                     sample_top=args.sample)
     if args.profile:
         result["profiled"] = True  # compile_s includes the profiler's overhead
     print(json.dumps(result), flush=True)
