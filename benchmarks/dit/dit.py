@@ -134,7 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _empty_row(model: str, variant: str, call: str, status: str = "ok") -> dict[str, Any]:
     return dict(model=model, variant=variant, call=call, status=status, median_ms=None, compile_s=None,
                 warm_compile_s=None, first_call_s=None, samples_ms=[], peak_gb=None, first_call_peak_gb=None,
-                rel_err=None, cosine=None,
+                sm_clock_mhz=None, power_w=None, rel_err=None, cosine=None,
                 rel_err_vs_eager=None, cosine_vs_eager=None, launches=None, replay=None, notes=[])
 
 
@@ -156,11 +156,12 @@ def measure_row(run: Run, model: str, variant: str, call: str, fn: Any,
     row.update({f"{key}_vs_eager": value for key, value in compare(output, eager).items()})
     row.update(median_ms=timing.median_ms, compile_s=timing.compile_s, first_call_s=timing.first_call_s,
                samples_ms=[round(s, 4) for s in timing.samples_ms], peak_gb=timing.peak_gb,
-               first_call_peak_gb=timing.first_peak_gb)
+               first_call_peak_gb=timing.first_peak_gb, sm_clock_mhz=timing.sm_clock_mhz, power_w=timing.power_w)
     run.log(f"  {model} {variant} {call}: median {timing.median_ms:.3f} ms, compile {timing.compile_s:.1f} s, "
             f"vs reference rel_err {row['rel_err']} cosine {row['cosine']}, vs eager rel_err "
             f"{row['rel_err_vs_eager']} cosine {row['cosine_vs_eager']}, peak {row['peak_gb']} GB "
-            f"(first calls {row['first_call_peak_gb']} GB)")
+            f"(first calls {row['first_call_peak_gb']} GB)"
+            + (f", SM {timing.sm_clock_mhz:.0f} MHz at {timing.power_w:.0f} W" if timing.sm_clock_mhz else ""))
     return row
 
 

@@ -25,6 +25,8 @@ Two more lines per section say what the gap to issue 9's speed goal is made of:
   replayed forward than in eager's sparser stream (the card's clock under its power cap), so a
   GEMM-time difference between two replayed forwards at similar rates is the same kernels, not a
   layout;
+* the SM clock and power over each row's timed calls, where the run recorded them
+  (:mod:`benchmarks.dit.device_state`);
 * the milliseconds kopt still has to cut to reach the goal, against its kernel time outside GEMM and
   attention (what rewrites and fusions act on) and the largest kernels there.
 
@@ -86,6 +88,9 @@ def compare(results: Mapping[str, Any], model: str, kopt: str, baseline: str) ->
             "largest_outside": sorted(outside.items(), key=lambda item: -item[1])[:4],
             "gemm_tflops": {name: _gemm_rate(results, model, b) for name, b in
                             (("baseline", theirs), ("kopt", mine), ("eager", eager))},
+            "clocks": {name: (row.get("sm_clock_mhz"), row.get("power_w")) for name, row in
+                       (("baseline", forward_row(results["rows"], model, baseline)),
+                        ("kopt", forward_row(results["rows"], model, kopt)))},
             "overlap_ms": overlap, "gain_pct": 100.0 * (base_ms - kopt_ms) / base_ms,
             "categories": categories, "shared": shared,
             "library_excess_ms": library_excess,
@@ -130,6 +135,12 @@ def report(results: Mapping[str, Any], against: str | None = None) -> str:
         rates = ", ".join(f"{name} {rate:.0f}" for name, rate in c["gemm_tflops"].items() if rate is not None)
         if rates:
             lines += [f"GEMM rate (counted GEMM FLOPs over GEMM kernel time), TFLOP/s: {rates}.", ""]
+        clocks = {name: value for name, value in c["clocks"].items() if value[0] is not None}
+        if len(clocks) == 2:
+            (base_mhz, base_w), (kopt_mhz, kopt_w) = clocks["baseline"], clocks["kopt"]
+            lines += [f"SM clock over the timed calls: baseline {base_mhz:.0f} MHz at {base_w or 0:.0f} W, kopt "
+                      f"{kopt_mhz:.0f} MHz at {kopt_w or 0:.0f} W ({100.0 * (kopt_mhz - base_mhz) / base_mhz:+.1f} %: "
+                      "GEMM and attention kernels slow with the clock).", ""]
         if c["to_cut_ms"] > 0:
             largest = "; ".join(f"{name[:60]} {ms:.2f}" for name, ms in c["largest_outside"]) or "none listed"
             lines += [f"To reach the {c['goal_pct']:g} % goal kopt must cut {c['to_cut_ms']:.2f} ms more; its kernels "

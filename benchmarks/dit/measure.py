@@ -59,6 +59,8 @@ class Timing:
     samples_ms: list[float]
     first_peak_gb: float | None = None  # peak memory over the first call and the warm-up (compiling)
     peak_gb: float | None = None  # peak memory over the timed calls (steady state)
+    sm_clock_mhz: float | None = None  # median SM clock over the timed calls (benchmarks.dit.device_state)
+    power_w: float | None = None  # median board power over the timed calls
 
     @property
     def median_ms(self) -> float:
@@ -73,7 +75,8 @@ class Timing:
 def benchmark(fn: Callable[[], Any], device: torch.device, *, warmup: int,
               repeats: int) -> tuple[Timing, Any]:
     """First call (timed by wall clock), ``warmup`` untimed calls, ``repeats`` timed calls; peak
-    memory of the first two phases together (compiling) and of the timed calls (steady state) apart.
+    memory of the first two phases together (compiling) and of the timed calls (steady state) apart,
+    and the GPU's SM clock and power over the timed calls (:mod:`benchmarks.dit.device_state`).
 
     Returns the timing and the first call's result, which the caller compares with the reference.
     """
@@ -84,8 +87,11 @@ def benchmark(fn: Callable[[], Any], device: torch.device, *, warmup: int,
     synchronize(device)
     first_peak = peak_memory_gb(device)
     reset_peak_memory(device)
-    samples = [time_call_ms(fn, device) for _ in range(max(1, repeats))]
-    return Timing(first_s, samples, first_peak, peak_memory_gb(device)), result
+    from benchmarks.dit.device_state import DeviceState, nvml_reader
+
+    with DeviceState(nvml_reader(device)) as state:
+        samples = [time_call_ms(fn, device) for _ in range(max(1, repeats))]
+    return Timing(first_s, samples, first_peak, peak_memory_gb(device), state.sm_clock_mhz, state.power_w), result
 
 
 def first_tensor(output: Any) -> torch.Tensor:

@@ -116,11 +116,20 @@ def _fmt(value: Any, digits: int = 2, scientific: bool = False) -> str:
     return str(value)
 
 
+def _clock(row: Mapping[str, Any]) -> str:
+    """The SM clock and board power over a row's timed calls (benchmarks.dit.device_state), or "–"."""
+    if row.get("sm_clock_mhz") is None:
+        return "–"
+    return f"{row['sm_clock_mhz']:.0f}, {row['power_w']:.0f}" if row.get("power_w") is not None else \
+        f"{row['sm_clock_mhz']:.0f}"
+
+
 def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The main markdown table: one line per (model, variant, call)."""
     lines = ["| model | variant | call | median ms | vs eager | compile s | warm compile s | peak GB "
-             "| peak GB first calls | rel err | cosine | rel err vs eager | cosine vs eager | launches | notes |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| peak GB first calls | rel err | cosine | rel err vs eager | cosine vs eager | launches "
+             "| SM MHz, W | notes |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in with_speedups(rows):
         speedup = f"{r['speedup_vs_eager']:.2f}×" if r.get("speedup_vs_eager") else "–"
         notes = r.get("status", "ok") if r.get("status", "ok") != "ok" else "; ".join(r.get("notes", []))
@@ -129,7 +138,7 @@ def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
                      f"| {_fmt(peak_gb(r), 1)} | {_fmt(r.get('first_call_peak_gb'), 1)} "
                      f"| {_fmt(r.get('rel_err'), 4, scientific=True)} | {_fmt(r.get('cosine'), 6)} "
                      f"| {_fmt(r.get('rel_err_vs_eager'), 4, scientific=True)} | {_fmt(r.get('cosine_vs_eager'), 6)} "
-                     f"| {_fmt(r.get('launches'), 0)} | {notes} |")
+                     f"| {_fmt(r.get('launches'), 0)} | {_clock(r)} | {notes} |")
     return "\n".join(lines)
 
 
