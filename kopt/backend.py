@@ -9,6 +9,7 @@ report and options.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,32 @@ class KoptBackend:
         # blocks, e.g. an embedding tied to a compiled LM head): never released
         self.read_outside: set[int] = set()
         self._breaks_before = _graph_breaks()
+        self._block_passes: dict[tuple[str, ...], list[Pass]] = {}
+
+    def fp8_config(self) -> Fp8Config | None:
+        """The FP8 config of this backend's ``fp8-linear`` pass, if it has one."""
+        from kopt.passes.fp8.linear import Fp8Linear
+
+        return next((p.config for p in self.passes if isinstance(p, Fp8Linear)), None)
+
+    def active_passes(self) -> list[Pass]:
+        """The passes for the graph compiled now: :attr:`passes`, with the FP8 passes selecting a block
+        group's linears while that group's blocks run (:mod:`kopt.fp8.per_block`)."""
+        from kopt.fp8.per_block import block_config, current_selection
+        from kopt.passes.fp8.base import Fp8Pass
+
+        selection = current_selection()
+        if selection is None:
+            return self.passes
+        if selection not in self._block_passes:
+            variant = []
+            for rewrite in self.passes:
+                if isinstance(rewrite, Fp8Pass):
+                    rewrite = copy.copy(rewrite)
+                    rewrite.config = block_config(rewrite.config, selection)
+                variant.append(rewrite)
+            self._block_passes[selection] = variant
+        return self._block_passes[selection]
 
     def dispose(self) -> None:
         """Free every compiled graph: the module compiled with this backend is gone, but dynamo keeps

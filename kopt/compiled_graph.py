@@ -70,6 +70,9 @@ class CompiledGraph:
     def __init__(self, backend: KoptBackend, dynamo_graph: torch.fx.GraphModule,
                  example_inputs: list[Any], report: GraphReport) -> None:
         self.backend, self.dynamo_graph, self.report = backend, dynamo_graph, report
+        # fixed now: a block group's FP8 selection is in effect only while its blocks compile
+        # (kopt.fp8.per_block), and a later re-capture must rewrite the graph the same way
+        self.passes = backend.active_passes()
         self._build(example_inputs, in_dynamo=True)
 
     def _build(self, example_inputs: list[Any], *, in_dynamo: bool = False) -> None:
@@ -290,7 +293,7 @@ class CompiledGraph:
             return None
         self._traced = {str(n.target) for n in captured.graph_module.graph.nodes if n.op == "get_attr"}
         self.report.hazards = self._hazards(captured, example_inputs)
-        self.report.passes = run_passes(captured.graph_module, self.backend.passes,
+        self.report.passes = run_passes(captured.graph_module, self.passes,
                                         graph_index=self.report.index, strict=options.strict,
                                         fuel=self.backend.fuel, trace_dir=options.trace_dir)
         fired = any(record.total_matches for record in self.report.passes)
@@ -314,7 +317,7 @@ class CompiledGraph:
         if not options.verify:
             return True
         contract = Contract.exact()
-        for record, rewrite in zip(self.report.passes, self.backend.passes, strict=True):
+        for record, rewrite in zip(self.report.passes, self.passes, strict=True):
             if record.total_matches:
                 contract = contract.combine(rewrite.contract)
         # a bit-identity check needs no reference; computed anyway when the lowering check needs it

@@ -20,6 +20,7 @@ compiled instance of the class). Instead:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -85,7 +86,8 @@ def compile_fresh(function: Callable[..., Any], name: str, backend: Callable[...
 
 
 def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[..., Any], *, fullgraph: bool,
-                            dynamic: bool | None) -> None:
+                            dynamic: bool | None,
+                            within: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
     """Compile ``blocks`` as ``nn.Module.compile`` would, with dynamo cache state of their own.
 
     ``nn.Module.compile`` compiles ``_call_impl``, whose frame dynamo skips, so the cache is that of
@@ -94,7 +96,17 @@ def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[...
     ``torch.compile`` of a function with a new code object serves every block (each block calls it
     with itself as the first argument): its cache belongs to this compilation, and one block's graph
     still serves the others of its class, since under ``inline_inbuilt_nn_modules`` a block is an
-    input of the frame, guarded by type and parameter shapes, not by identity."""
+    input of the frame, guarded by type and parameter shapes, not by identity.
+
+    ``within``: a context every call of these blocks runs in, so that what they compile can tell them
+    from other blocks (an FP8 selection of their own: :mod:`kopt.fp8.per_block`)."""
     compiled = compile_fresh(call_module, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
     for block in blocks:
-        block._compiled_call_impl = functools.partial(compiled, block)
+        block._compiled_call_impl = (functools.partial(compiled, block) if within is None
+                                     else functools.partial(_call_within, within, compiled, block))
+
+
+def _call_within(within: Callable[[], contextlib.AbstractContextManager[Any]], compiled: Callable[..., Any],
+                 block: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    with within():
+        return compiled(block, *args, **kwargs)

@@ -250,17 +250,27 @@ def _never_a_frame_of_its_own(code: types.CodeType) -> None:
     torch._dynamo.eval_frame.skip_code(code)
 
 
+def _run_within(within: Callable[[], contextlib.AbstractContextManager[Any]], compiled: Callable[..., Any],
+                *args: Any, **kwargs: Any) -> Any:
+    with within():
+        return compiled(*args, **kwargs)
+
+
 def _call_kept_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return self._kopt_forward(*args, **kwargs)
 
 
 def compile_with_opaque_blocks(model: nn.Module, blocks: list[nn.Module], backend: Callable[..., Any], *,
-                               fullgraph: bool, dynamic: bool | None) -> None:
+                               fullgraph: bool, dynamic: bool | None,
+                               within: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
     """Compile ``blocks`` (one graph per class) and ``model``'s own code around them, each block's call
-    one op in it, with ``backend`` (module docstring)."""
+    one op in it, with ``backend`` (module docstring); ``within``: a context the blocks' compiled code
+    runs in (an FP8 selection: :mod:`kopt.fp8.per_block`)."""
     if any(block is model for block in blocks):
         raise ValueError("the model itself is one of its repeated blocks: there is no code between blocks")
     compiled_block = compile_fresh(_call_kept_forward, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
+    if within is not None:
+        compiled_block = functools.partial(_run_within, within, compiled_block)
     for block in blocks:
         _opaque_forward(block, compiled_block)
     compiled_model = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)

@@ -35,6 +35,7 @@ DiT's embeddings and output layers fused. Weights outside the blocks are never r
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ from kopt.config import WeightChange
 from kopt.dynamo_cache import compile_blocks_isolated
 from kopt.errors import kopt_errors_unwrapped
 from kopt.forward_replay import ForwardReplay
+from kopt.fp8.per_block import BlockGroup, block_groups, selecting
 from kopt.opaque_blocks import compile_with_opaque_blocks
 from kopt.opaque_blocks import restore as restore_block
 from kopt.release import Release
@@ -121,23 +123,51 @@ def compile_blocks(model: nn.Module, backend: Callable[..., Any], *, fullgraph: 
     if not blocks:
         raise ValueError(f"{type(model).__name__} declares no _repeated_blocks and has no nn.ModuleList of "
                          "blocks: compile it whole (regional=False)")
+    repeated = repeated_blocks(model)
+    groups = _fp8_groups(model, repeated, backend)
     if between_blocks == "outer":
         if not isolate:
             raise ValueError("between_blocks='outer' compiles with cache state of its own (isolate=True)")
-        blocks = repeated_blocks(model)  # the names returned are the blocks' classes
+        blocks = repeated  # the names returned are the blocks' classes
         compile_outer(model, blocks, backend, dynamic=dynamic)
-        compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
+        _compile_groups(groups, backend, fullgraph=fullgraph, dynamic=dynamic)
     elif between_blocks == "compiled":
         if not isolate:
             raise ValueError("between_blocks='compiled' compiles with cache state of its own (isolate=True)")
-        blocks = repeated_blocks(model)  # the names returned are the blocks' classes
-        compile_with_opaque_blocks(model, blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
+        blocks = repeated  # the names returned are the blocks' classes
+        if len(groups) > 1:
+            found = "; ".join(f"{len(g.blocks)} block(s): {', '.join(g.selection or ()) or 'none'}" for g in groups)
+            raise ValueError("between_blocks='compiled' compiles every block with one graph per class, and this "
+                             f"Fp8Config selects different linears in different blocks ({found}): use "
+                             "between_blocks='eager', 'linears' or 'outer'")
+        selection = groups[0].selection if groups else None
+        compile_with_opaque_blocks(model, blocks, backend, fullgraph=fullgraph, dynamic=dynamic,
+                                   within=None if selection is None else functools.partial(selecting, selection))
     elif isolate:
-        compile_blocks_isolated(blocks, backend, fullgraph=fullgraph, dynamic=dynamic)
+        _compile_groups(groups, backend, fullgraph=fullgraph, dynamic=dynamic)
+        others = [m for m in blocks if all(m is not b for b in repeated)]  # "linears": the linears between
+        if others:
+            compile_blocks_isolated(others, backend, fullgraph=fullgraph, dynamic=dynamic)
     else:
         for block in blocks:
             block.compile(backend=backend, fullgraph=fullgraph, dynamic=dynamic)
     return sorted({type(block).__name__ for block in blocks})
+
+
+def _fp8_groups(model: nn.Module, blocks: list[nn.Module], backend: Any) -> list[BlockGroup]:
+    """The repeated blocks, grouped by what the backend's FP8 config selects in each by their paths in
+    the model (:mod:`kopt.fp8.per_block`); one group without a selection when it has no FP8 config."""
+    config = backend.fp8_config() if hasattr(backend, "fp8_config") else None
+    if config is None:
+        return [BlockGroup(None, tuple(blocks))] if blocks else []
+    return block_groups(model, blocks, config)
+
+
+def _compile_groups(groups: list[BlockGroup], backend: Any, *, fullgraph: bool, dynamic: bool | None) -> None:
+    """Each group's blocks compiled with dynamo cache state of their own, under its FP8 selection."""
+    for group in groups:
+        within = None if group.selection is None else functools.partial(selecting, group.selection)
+        compile_blocks_isolated(list(group.blocks), backend, fullgraph=fullgraph, dynamic=dynamic, within=within)
 
 
 def uncompile_blocks(model: nn.Module) -> None:
