@@ -16,6 +16,12 @@ Why the narrowed choice waits for the miss (:func:`narrowing_unwanted`): it roun
 the whole-graph choice rounds and saves a subset of its GEMM time, so where that choice met the
 contract it is at least as good a candidate (and was judged already); only its miss makes the smaller
 set worth a minute of the budget.
+
+Where a group alone still misses, the same group in the middle blocks only (:func:`layer_spans`:
+the middle three quarters, then the middle half, through :attr:`kopt.fp8.config.Fp8Config.blocks`)
+rounds fewer layers again, and leaves the first and last ones, where a perturbation travels furthest
+or reaches the output unfiltered, in bf16. Proposed only where the model has one class of repeated
+blocks, so a block's position is its layer, and tried only after that group in every block missed.
 """
 
 from __future__ import annotations
@@ -118,6 +124,20 @@ def narrowing_unwanted(candidate: Candidate, records: Iterable[Any]) -> str | No
     config = _fp8(candidate)
     if config is None or not is_narrowed(candidate):
         return None
+    if config.get("blocks") is not None:  # a group in some layers: after that group in every layer missed
+        for record in records:
+            recorded = Candidate.from_dict(record.candidate)
+            other = _fp8(recorded)
+            if (other is not None and is_narrowed(recorded) and other.get("blocks") is None
+                    and other.get("include") == config.get("include")
+                    and other.get("granularity") == config.get("granularity")
+                    and missed_model_contract(record.verification)):
+                if _graph_missed(record.verification):  # one block's graph already misses: fewer cannot help
+                    return (f"FP8 on {', '.join(config.get('include') or [])} missed its block graph's own "
+                            "check, which holds in any block it runs in")
+                return None
+        return (f"FP8 on {', '.join(config.get('include') or [])} in every block has not missed the model's output "
+                "contract: it is tried in fewer blocks only after it does")
     for record in records:
         other = _fp8(Candidate.from_dict(record.candidate))
         if (other is not None and not is_narrowed(Candidate.from_dict(record.candidate))
@@ -128,16 +148,37 @@ def narrowing_unwanted(candidate: Candidate, records: Iterable[Any]) -> str | No
             "model's output contract: a group of them is tried only after it does")
 
 
+def _graph_missed(verification: Mapping[str, Any] | None) -> bool:
+    """Whether a choice's check of a graph on its own (not the model's output) failed."""
+    checks = verification.get("checks", ()) if isinstance(verification, Mapping) else ()
+    return any(check.get("graph") != "model" and not check.get("ok") for check in checks)
+
+
 def group_changes(groups: Sequence[LinearGroup], granularity: str) -> list[tuple[LinearGroup, str]]:
     """Each group with the words its choice records as its change."""
     return [(group, f"fp8 {granularity} scales on {', '.join(group.paths)} only") for group in groups]
 
 
+def layer_spans(blocks: int) -> list[tuple[int, ...]]:
+    """The middle three quarters, then the middle half, of ``blocks`` layers (positions from 0);
+    none for fewer than 8 layers, where a quarter is one or two blocks."""
+    if blocks < 8:
+        return []
+    return [tuple(range(blocks // d, blocks - blocks // d)) for d in (8, 4)]
+
+
+def span_change(group: LinearGroup, granularity: str, span: Sequence[int], blocks: int) -> str:
+    """The words a group's choice in ``span`` of ``blocks`` layers records as its change."""
+    return f"fp8 {granularity} scales on {', '.join(group.paths)} only, in blocks {span[0]}-{span[-1]} of {blocks}"
+
+
 def narrowed_after_whole(candidates: Sequence[Candidate]) -> list[Candidate]:
     """``candidates`` in their order, but each narrowed FP8 choice right after the last FP8 choice on
     all of its graph's linears (at the end where there is none), so that the verdict it waits for
-    (:func:`narrowing_unwanted`) is in before the loop reaches it, whatever order the lessons asked for."""
-    narrowed_ones = [c for c in candidates if is_narrowed(c)]
+    (:func:`narrowing_unwanted`) is in before the loop reaches it, whatever order the lessons asked for;
+    a group in some layers only after every group in all layers, whose verdicts it waits for."""
+    narrowed_ones = sorted((c for c in candidates if is_narrowed(c)),
+                           key=lambda c: (_fp8(c) or {}).get("blocks") is not None)  # stable: groups first
     rest = [c for c in candidates if not is_narrowed(c)]
     for candidate in narrowed_ones:
         whole = [i for i, c in enumerate(rest) if c.region_signature == candidate.region_signature

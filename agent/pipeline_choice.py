@@ -119,6 +119,10 @@ def fp8_options(config: Any) -> dict:
     data = dataclasses.asdict(config)
     data["granularity"] = config.granularity.value
     data["include"], data["skip"] = list(config.include), list(config.skip)
+    if config.blocks is None:  # absent, not null: choices recorded before the field keep their hash
+        del data["blocks"]
+    else:
+        data["blocks"] = list(config.blocks)
     return {"fp8": data}
 
 

@@ -244,6 +244,10 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
                            memo_entries=memo_entries, fp8=fp8, cuda_graphs=cuda_graphs, mode=mode,
                            progress=progress, check_lowering=check_lowering, kb=kb, share_weights=share_weights)
     release = resolve_release(release_weights, fp8, regional)
+    if not regional:
+        from kopt.fp8.per_block import refuse_blocks_outside_regional
+
+        refuse_blocks_outside_regional(backend.fp8_config())
     if between_blocks != "eager" and not regional:
         raise ValueError(f"between_blocks={between_blocks!r} is for regional=True (a whole-model compilation "
                          "compiles the code between blocks already)")

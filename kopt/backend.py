@@ -116,28 +116,30 @@ class KoptBackend:
         self._block_passes: dict[tuple[str, ...], list[Pass]] = {}
 
     def fp8_config(self) -> Fp8Config | None:
-        """The FP8 config of this backend's ``fp8-linear`` pass, if it has one."""
+        """The FP8 config that selects linears block by block under regional compilation
+        (:mod:`kopt.fp8.per_block`): the ``fp8-linear`` pass's; where the pipeline is chosen per graph
+        (a pass holding one instance per graph in ``instances``, as the agent's choices do), the one
+        config among them that names blocks, if exactly one does (else None: each graph's own
+        config selects by the paths in its graph, as before)."""
         from kopt.passes.fp8.linear import Fp8Linear
 
-        return next((p.config for p in self.passes if isinstance(p, Fp8Linear)), None)
+        direct = [p.config for p in self.passes if isinstance(p, Fp8Linear)]
+        if direct:
+            return direct[0]
+        wrapped = {p.config for rewrite in self.passes for p in _instances(rewrite) if isinstance(p, Fp8Linear)}
+        named = [config for config in wrapped if config.blocks is not None]
+        return named[0] if len(named) == 1 else None
 
     def active_passes(self) -> list[Pass]:
         """The passes for the graph compiled now: :attr:`passes`, with the FP8 passes selecting a block
         group's linears while that group's blocks run (:mod:`kopt.fp8.per_block`)."""
-        from kopt.fp8.per_block import block_config, current_selection
-        from kopt.passes.fp8.base import Fp8Pass
+        from kopt.fp8.per_block import current_selection
 
         selection = current_selection()
         if selection is None:
             return self.passes
         if selection not in self._block_passes:
-            variant = []
-            for rewrite in self.passes:
-                if isinstance(rewrite, Fp8Pass):
-                    rewrite = copy.copy(rewrite)
-                    rewrite.config = block_config(rewrite.config, selection)
-                variant.append(rewrite)
-            self._block_passes[selection] = variant
+            self._block_passes[selection] = [_selecting(rewrite, selection) for rewrite in self.passes]
         return self._block_passes[selection]
 
     def dispose(self) -> None:
@@ -193,6 +195,29 @@ class KoptBackend:
         return compiled.__call__
 
 
+def _instances(rewrite: Pass) -> list[Pass]:
+    """The passes a pass may run in its place: those it holds per graph (``instances``), else itself."""
+    instances = getattr(rewrite, "instances", None)
+    return list(instances.values()) if isinstance(instances, Mapping) else [rewrite]
+
+
+def _selecting(rewrite: Pass, selection: tuple[str, ...]) -> Pass:
+    """``rewrite`` with every FP8 pass in it selecting ``selection`` (:func:`kopt.fp8.per_block.block_config`)."""
+    from kopt.fp8.per_block import block_config
+    from kopt.passes.fp8.base import Fp8Pass
+
+    if isinstance(rewrite, Fp8Pass):
+        chosen = copy.copy(rewrite)
+        chosen.config = block_config(rewrite.config, selection)
+        return chosen
+    instances = getattr(rewrite, "instances", None)
+    if isinstance(instances, Mapping):
+        chosen = copy.copy(rewrite)
+        chosen.instances = {key: _selecting(p, selection) for key, p in instances.items()}  # type: ignore[attr-defined]
+        return chosen
+    return rewrite
+
+
 _ENTRY_POINT_BACKENDS: dict[str, KoptBackend] = {}  # one per distinct options, so reports accumulate
 _LAST_USED: list[KoptBackend] = []
 
@@ -220,6 +245,9 @@ def kopt_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any],
             known = [name for name in inspect.signature(make_backend).parameters]
             raise TypeError(f"torch.compile(backend='kopt', options=...): {error}; kopt's options are "
                             f"{', '.join(known)}") from None
+        from kopt.fp8.per_block import refuse_blocks_outside_regional
+
+        refuse_blocks_outside_regional(backend.fp8_config())  # torch.compile traces the whole model
         _ENTRY_POINT_BACKENDS[key] = backend
     _LAST_USED[:] = [backend]
     return backend(graph_module, example_inputs)

@@ -107,3 +107,39 @@ def test_the_models_code_compiled_takes_one_selection_for_all_blocks_and_says_so
         compiled(x)
     assert 1 in _fp8_matches(compiled)  # the blocks' graph: fc2 in FP8
     compiled.undo()
+
+
+def test_blocks_by_position_and_only_where_blocks_are_told_apart():
+    """Fp8Config(blocks=(1, 2)): the middle blocks' linears in FP8, the first and last in full precision
+    (two graphs); a whole-model compile, which cannot tell blocks apart, refuses it."""
+    model = _model()
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(3))
+    config = Fp8Config(min_features=16, blocks=[2, 1, 2])
+    assert config.blocks == (1, 2)
+    groups = block_groups(model, list(model.layers), config)
+    assert [(g.selection, len(g.blocks)) for g in groups] == [((), 2), (("fc1.weight", "fc2.weight"), 2)]
+    with torch.no_grad():
+        compiled = kopt.compile(model, regional=True, lower="eager", fp8=config, progress=False,
+                                release_weights=False)
+        out = compiled(x)
+    assert sorted(_fp8_matches(compiled)) == [0, 2]
+    assert rel_err(out, reference_forward(model, x)) > 1e-4  # two blocks in FP8: not the float32 output
+    compiled.undo()
+    with pytest.raises(ValueError, match="needs kopt.compile"):
+        kopt.compile(model, fp8=config, progress=False)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="needs kopt.compile"):
+        torch.compile(model, backend="kopt", options={"fp8": config})(x)
+    with pytest.raises(ValueError, match="non-negative"):
+        Fp8Config(blocks=(-1,))
+
+
+def test_an_fp8_choice_records_its_blocks_only_when_it_has_some():
+    """The agent's FP8 options carry ``blocks`` when set and leave the key out otherwise, so choices
+    recorded before the field existed keep their content hash; both decode back to the config."""
+    from kopt.agent.pipeline_choice import _option_arguments, fp8_options
+
+    plain, layered = Fp8Config(), Fp8Config(blocks=(3, 4))
+    assert "blocks" not in fp8_options(plain)["fp8"] and fp8_options(layered)["fp8"]["blocks"] == [3, 4]
+    assert _option_arguments(fp8_options(plain)) == [plain]
+    assert _option_arguments(fp8_options(layered)) == [layered]

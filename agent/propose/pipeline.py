@@ -93,15 +93,18 @@ def lowering_choices(base: Sequence[str], device: str) -> list[PipelineChoice]:
             for patches, change in LOWERING_TUNING]
 
 
-def fp8_choices(base: Sequence[str], fp8: Any, graph_module: Any = None) -> list[PipelineChoice]:
+def fp8_choices(base: Sequence[str], fp8: Any, graph_module: Any = None, layers: int | None = None
+                ) -> list[PipelineChoice]:
     """The FP8 pipeline of ``fp8`` (an :class:`kopt.fp8.config.Fp8Config`) at each granularity and,
     when the config leaves attention in bf16, at its own granularity with FP8 attention too: the
     config is the user's contract (its quality gate), and each choice is judged against it, so the
     agent may run attention in FP8 only where the model's output still meets it. Given the graph,
     also FP8 at the config's granularity on each group of its linears alone, largest first, where it
     has two groups or more (:mod:`kopt.agent.fp8_groups`: the loop tries them only after FP8 on all
-    of them missed the model's output contract)."""
-    from kopt.agent.fp8_groups import group_changes, group_options, linear_groups, narrowed
+    of them missed the model's output contract). ``layers``: the number of repeated blocks, when the
+    graph is the model's one block class: then each group also in the middle layers only
+    (:func:`kopt.agent.fp8_groups.layer_spans`)."""
+    from kopt.agent.fp8_groups import group_changes, group_options, layer_spans, linear_groups, narrowed, span_change
     from kopt.fp8.config import Granularity
     from kopt.passes.pipeline import default_pipeline, fp8_pipeline, resolve
 
@@ -112,8 +115,11 @@ def fp8_choices(base: Sequence[str], fp8: Any, graph_module: Any = None) -> list
                         f"fp8 {Granularity(fp8.granularity).value} scales + fp8 attention", False))
     groups = linear_groups(graph_module, fp8) if graph_module is not None else []
     if len(groups) >= 2:
-        configs += [(narrowed(fp8, group), change, True)
-                    for group, change in group_changes(groups, Granularity(fp8.granularity).value)]
+        granularity = Granularity(fp8.granularity).value
+        configs += [(narrowed(fp8, group), change, True) for group, change in group_changes(groups, granularity)]
+        configs += [(dataclasses.replace(narrowed(fp8, group), blocks=span),
+                     span_change(group, granularity, span, layers), True)
+                    for group in groups for span in layer_spans(layers or 0)]
     choices = []
     for config, change, group in configs:
         passes = fp8_pipeline(config) if auto else resolve(list(base), config)
@@ -127,11 +133,13 @@ def fp8_choices(base: Sequence[str], fp8: Any, graph_module: Any = None) -> list
 def propose_pipelines(graphs: Sequence[Any], *, device: str = "cpu", fp8: Any = None) -> Iterator[Candidate]:
     """Pipeline-choice candidates for every graph (module docstring)."""
     base = base_pipeline()
+    repeated = [g for g in graphs if g.calls > 1]  # one block class: a block's position is its layer
     for graph in graphs:
         choices = added_passes(base) + attention_choices(graph.graph_module, base, device)
         choices += lowering_choices(base, device)
         if fp8 is not None:
-            choices += fp8_choices(base, fp8, graph.graph_module)
+            layers = graph.calls if len(repeated) == 1 and repeated[0] is graph else None
+            choices += fp8_choices(base, fp8, graph.graph_module, layers)
         choices += left_out_passes(base)
         for choice in choices:
             yield to_candidate(graph.signature, choice)

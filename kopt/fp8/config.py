@@ -44,9 +44,15 @@ class Fp8Config:
     Attributes:
         granularity: scale granularity (``"row"``: per output channel / per token, the default).
         include: glob patterns on a linear's weight path (``transformer_blocks.*.attn.to_q.weight``);
-            only matching linears are quantized.
+            only matching linears are quantized. Under regional compilation a repeated block's
+            weight matches by its path in the model or in the block (``attn.to_q.weight``), block by
+            block (:mod:`kopt.fp8.per_block`).
         skip: glob patterns of weight paths kept in bf16 (checked after ``include``), e.g. the
             output projection, or the layers :func:`kopt.fp8.scan_sensitivity` found most sensitive.
+        blocks: with ``regional=True``, the positions (in model order, from 0) of the repeated
+            blocks whose linears may be quantized; the others stay bf16 (errors grow through the
+            layers, and the first and last are often the most sensitive). None: every block. Linears
+            outside the repeated blocks are selected by ``include`` and ``skip`` alone.
         min_features: linears with fewer input or output features stay bf16 (quantizing a small
             GEMM costs more than it saves).
         gate: the quality the quantized model must keep (checked by ``verify=True``).
@@ -68,6 +74,7 @@ class Fp8Config:
     gate: QualityGate = QualityGate()
     attention: bool = False
     fast_accum: bool = True
+    blocks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         granularity = Granularity(self.granularity)  # an unknown name raises ValueError
@@ -76,6 +83,11 @@ class Fp8Config:
         object.__setattr__(self, "skip", tuple(self.skip))
         if self.min_features < 0:
             raise ValueError(f"min_features must be >= 0, got {self.min_features}")
+        if self.blocks is not None:
+            blocks = tuple(sorted(set(self.blocks)))
+            if any(type(b) is not int or b < 0 for b in blocks):
+                raise ValueError(f"blocks must be non-negative block positions, got {self.blocks!r}")
+            object.__setattr__(self, "blocks", blocks)
 
     def selects(self, weight_path: str | None) -> str | None:
         """None if the linear whose weight is at ``weight_path`` is quantized, else why not."""

@@ -61,18 +61,30 @@ def block_selection(config: Fp8Config, block: nn.Module, prefix: str) -> tuple[s
 
 
 def block_groups(model: nn.Module, blocks: Sequence[nn.Module], config: Fp8Config) -> list[BlockGroup]:
-    """``blocks`` grouped by what ``config`` selects in each, in model order."""
+    """``blocks`` (the repeated blocks, in model order) grouped by what ``config`` selects in each; a
+    block whose position is not in ``config.blocks`` selects nothing."""
     names = {id(module): name for name, module in model.named_modules()}
     groups: dict[tuple[str, ...], list[nn.Module]] = {}
-    for block in blocks:
+    for position, block in enumerate(blocks):
         name = names.get(id(block), "")
-        groups.setdefault(block_selection(config, block, f"{name}." if name else ""), []).append(block)
+        chosen = config.blocks is None or position in config.blocks
+        selection = block_selection(config, block, f"{name}." if name else "") if chosen else ()
+        groups.setdefault(selection, []).append(block)
     return [BlockGroup(selection, tuple(members)) for selection, members in groups.items()]
 
 
 def block_config(config: Fp8Config, selection: Sequence[str]) -> Fp8Config:
     """``config`` selecting exactly ``selection`` (paths in the block), nothing when it is empty."""
-    return dataclasses.replace(config, include=tuple(selection) or (NOTHING,), skip=())
+    return dataclasses.replace(config, include=tuple(selection) or (NOTHING,), skip=(), blocks=None)
+
+
+def refuse_blocks_outside_regional(config: Fp8Config | None) -> None:
+    """``Fp8Config.blocks`` names repeated blocks, which only a regional compilation tells apart: a
+    whole-model graph would quantize every block's linears, so it is refused, not ignored."""
+    if config is not None and config.blocks is not None:
+        raise ValueError(f"Fp8Config(blocks={list(config.blocks)}) selects repeated blocks by position, which "
+                         "needs kopt.compile(..., regional=True); a whole-model compile would quantize every "
+                         "block (select layers by weight path with include/skip instead)")
 
 
 @contextlib.contextmanager

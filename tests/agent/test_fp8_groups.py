@@ -5,6 +5,7 @@ missed the model's output contract."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -158,3 +159,91 @@ def test_the_loop_evaluates_a_group_only_after_all_linears_in_fp8_missed(tmp_pat
         whole, group = result.evaluations
         assert "model output outside the contract" in whole.reason
         assert group.e2e is not None  # compiled, checked on the model's output and timed like any choice
+
+
+def test_a_group_in_the_middle_layers_is_proposed_for_a_model_of_one_block_class():
+    from kopt.agent.fp8_dominance import fp8_linear_options, pipeline_choice_of
+    from kopt.agent.fp8_groups import layer_spans
+
+    assert layer_spans(42) == [tuple(range(5, 37)), tuple(range(10, 32))] and layer_spans(7) == []
+    graph = _block_graph()
+    choices = fp8_choices(base_pipeline(), CONFIG, graph.graph_module, layers=8)
+    spans = [c for c in choices if ", in blocks" in c.change]
+    assert [c.change for c in spans[:2]] == ["fp8 row scales on up.weight, gate.weight only, in blocks 1-6 of 8",
+                                             "fp8 row scales on up.weight, gate.weight only, in blocks 2-5 of 8"]
+    assert len(spans) == 2 * 4 and choices.index(spans[0]) > max(choices.index(c) for c in choices
+                                                                   if c.change.endswith(" only"))
+    options = fp8_linear_options(pipeline_choice_of(to_candidate(graph.signature, spans[1])))
+    assert options["fp8"]["blocks"] == [2, 3, 4, 5] and options["fp8"]["include"] == ["up.weight", "gate.weight"]
+    assert not any(", in blocks" in c.change for c in fp8_choices(base_pipeline(), CONFIG, graph.graph_module))
+
+
+def test_a_group_in_fewer_layers_waits_for_that_group_in_every_layer_to_miss(tmp_path):
+    graph = _block_graph()
+    found = {c.change: to_candidate(graph.signature, c)
+             for c in fp8_choices(base_pipeline(), CONFIG, graph.graph_module, layers=8)}
+    span = found["fp8 row scales on down.weight only, in blocks 1-6 of 8"]
+    group, other = found["fp8 row scales on down.weight only"], found["fp8 row scales on qkv.weight only"]
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        environment = kb.record_environment(current_environment())
+        kb.record_region(graph_region(graph.original))
+
+        def latest():
+            return kb.latest(signature=graph.signature, environment=environment)
+
+        assert "in every block has not missed" in narrowing_unwanted(span, latest())
+        kb.record_candidate(other, status=Status.SLOWER, reason="model output outside the contract",
+                            verdict=_model_check(False), environment=environment)
+        assert narrowing_unwanted(span, latest())  # another group's miss says nothing of this one
+        kb.record_candidate(group, status=Status.SLOWER, reason="no end-to-end win", verdict=_model_check(True),
+                            environment=environment)
+        assert narrowing_unwanted(span, latest())  # met the contract in every block: fewer are not wanted
+        kb.record_candidate(group, status=Status.SLOWER, reason="model output outside the contract",
+                            verdict=_model_check(False), environment=environment)
+        assert narrowing_unwanted(span, latest()) is None
+        both = {"kind": "whole-model", "accepted": False,
+                "checks": [{"graph": 0, "output": 0, "ok": False}, {"graph": "model", "output": 0, "ok": False}]}
+        kb.record_candidate(group, status=Status.SLOWER, reason="outside the contract", verdict=both,
+                            environment=environment)
+        assert "its block graph's own check" in narrowing_unwanted(span, latest())  # fewer blocks cannot help
+
+
+def test_the_loop_tries_a_group_in_the_middle_layers_after_it_missed_in_all(tmp_path, monkeypatch):
+    """Through the real loop (CPU, FX lowering) on eight tiny blocks, with a budget of about 0.008 in
+    relative error (one block graph with a group in FP8 keeps within it, the model's output with that
+    group in every block does not): all linears miss, the group misses on the model's output, and the
+    group in the middle layers, compiled with two graphs (middle blocks in FP8, the rest not), meets
+    it on the model's output and is timed."""
+    import kopt.agent.loop as loop
+    from kopt.agent import optimize
+    from tests.agent.tiny_models import TinyBlockStack
+
+    config = Fp8Config(min_features=16, gate=QualityGate(min_cosine=0.99997, min_sqnr_db=-20 * math.log10(0.008)))
+    torch.manual_seed(0)
+    model, inputs = TinyBlockStack(32, blocks=8).eval(), (torch.randn(2, 24, 32),)
+    wanted = ["fp8 row scales", "fp8 row scales on up.weight, gate.weight only",
+              "fp8 row scales on up.weight, gate.weight only, in blocks 2-5 of 8"]
+
+    def batches(graphs):
+        assert graphs[0].calls == 8
+        found = {c.change: to_candidate(graphs[0].signature, c)
+                 for c in fp8_choices(base_pipeline(), config, graphs[0].graph_module, layers=graphs[0].calls)}
+        yield narrowed_after_whole([found[change] for change in reversed(wanted)])  # as the loop orders them
+
+    monkeypatch.setattr(loop, "_proposal_batches", lambda *a, **k: batches(a[6]))
+    result = optimize(model, inputs, budget_min=10, kb_path=tmp_path / "kb.sqlite", regional=True, lower="eager",
+                      micro=False, fp8=config, progress=False)
+    changes = [dict(e.candidate.params)["change"] for e in result.evaluations]
+    assert changes == wanted, changes
+    whole, group, span = result.evaluations
+    assert all("model output outside the contract" in e.reason for e in (whole, group))
+    assert all(c["ok"] for c in group.e2e.quality if c["graph"] != "model")  # its block graph kept the budget
+    assert span.e2e is not None and span.e2e.speedup.samples > 0  # compiled, checked and timed like any choice
+    assert all(c["ok"] for c in span.e2e.quality)  # half the blocks: within the budget
+
+    def model_error(evaluation) -> float:
+        return next(c["rel_err"] for c in evaluation.e2e.quality if c["graph"] == "model")
+
+    # half the blocks in FP8: the model's output rounds less than with the group in all eight, less again
+    # than with every linear
+    assert 0 < model_error(span) < model_error(group) < model_error(whole)
