@@ -56,6 +56,8 @@ def test_blocks_are_grouped_by_what_the_patterns_select_in_each():
     narrowed = block_config(config, groups[2].selection)
     assert narrowed.include == ("fc1.weight",) and narrowed.skip == () and narrowed.min_features == 16
     assert block_config(config, ()).include == (NOTHING,) and narrowed.selects("fc2.weight")
+    plain = block_groups(model, list(model.layers), Fp8Config(include=("fc2.*",)))
+    assert [(g.selection, len(g.blocks)) for g in plain] == [(None, 4)]  # names no layer: as it always was
     relative = block_groups(model, list(model.layers), Fp8Config(include=("fc2.*",), skip=("layers.1.*",)))
     assert [(g.selection, len(g.blocks)) for g in relative] == [(("fc2.weight",), 3), ((), 1)]  # either name
 

@@ -56,20 +56,26 @@ def block_selection(config: Fp8Config, block: nn.Module, prefix: str) -> tuple[s
     in the model (``prefix`` + path in the block) or by its path in the block (what a regional
     compile matched before, and what the agent's per-group choices name); ``min_features`` and the
     other conditions are the pass's."""
-    return tuple(sorted(name for name, weight in block.named_parameters()
+    return tuple(sorted(name for name, weight in block.named_parameters(remove_duplicate=False)
                         if weight.dim() == 2 and _selected(config, (prefix + name, name))))
 
 
 def block_groups(model: nn.Module, blocks: Sequence[nn.Module], config: Fp8Config) -> list[BlockGroup]:
     """``blocks`` (the repeated blocks, in model order) grouped by what ``config`` selects in each; a
-    block whose position is not in ``config.blocks`` selects nothing."""
+    block whose position is not in ``config.blocks`` selects nothing. One group with no selection
+    (None) where no pattern names a layer and ``blocks`` is unset: each block's graph then selects by
+    the paths in its block, exactly as before this module."""
     names = {id(module): name for name, module in model.named_modules()}
     groups: dict[tuple[str, ...], list[nn.Module]] = {}
+    as_in_block = config.blocks is None  # stays True while every block selects by its paths in the block alone
     for position, block in enumerate(blocks):
         name = names.get(id(block), "")
         chosen = config.blocks is None or position in config.blocks
         selection = block_selection(config, block, f"{name}." if name else "") if chosen else ()
+        as_in_block = as_in_block and selection == block_selection(config, block, "")
         groups.setdefault(selection, []).append(block)
+    if as_in_block:  # the patterns name no layer: each graph selects by the paths in its block, as always
+        return [BlockGroup(None, tuple(blocks))] if blocks else []
     return [BlockGroup(selection, tuple(members)) for selection, members in groups.items()]
 
 
