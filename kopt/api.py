@@ -247,7 +247,8 @@ def compile(model: torch.nn.Module | Callable[..., Any], passes: PassSpec = "aut
     if not regional:
         from kopt.fp8.per_block import refuse_blocks_outside_regional
 
-        refuse_blocks_outside_regional(backend.fp8_config())
+        # the user's own config; a knowledge-base choice for a block graph never applies to a whole model
+        refuse_blocks_outside_regional(backend.fp8_config(chosen=False))
     if between_blocks != "eager" and not regional:
         raise ValueError(f"between_blocks={between_blocks!r} is for regional=True (a whole-model compilation "
                          "compiles the code between blocks already)")

@@ -115,17 +115,17 @@ class KoptBackend:
         self._breaks_before = _graph_breaks()
         self._block_passes: dict[tuple[str, ...], list[Pass]] = {}
 
-    def fp8_config(self) -> Fp8Config | None:
+    def fp8_config(self, *, chosen: bool = True) -> Fp8Config | None:
         """The FP8 config that selects linears block by block under regional compilation
-        (:mod:`kopt.fp8.per_block`): the ``fp8-linear`` pass's; where the pipeline is chosen per graph
-        (a pass holding one instance per graph in ``instances``, as the agent's choices do), the one
-        config among them that names blocks, if exactly one does (else None: each graph's own
-        config selects by the paths in its graph, as before)."""
+        (:mod:`kopt.fp8.per_block`): the ``fp8-linear`` pass's; with ``chosen``, where the pipeline is
+        chosen per graph (a pass holding one instance per graph in ``instances``, as the knowledge
+        base's and the agent's choices do), the one config among them that names blocks, if exactly
+        one does (else None: each graph's own config selects by the paths in its graph, as before)."""
         from kopt.passes.fp8.linear import Fp8Linear
 
         direct = [p.config for p in self.passes if isinstance(p, Fp8Linear)]
-        if direct:
-            return direct[0]
+        if direct or not chosen:
+            return direct[0] if direct else None
         wrapped = {p.config for rewrite in self.passes for p in _instances(rewrite) if isinstance(p, Fp8Linear)}
         named = [config for config in wrapped if config.blocks is not None]
         return named[0] if len(named) == 1 else None
@@ -247,7 +247,7 @@ def kopt_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any],
                             f"{', '.join(known)}") from None
         from kopt.fp8.per_block import refuse_blocks_outside_regional
 
-        refuse_blocks_outside_regional(backend.fp8_config())  # torch.compile traces the whole model
+        refuse_blocks_outside_regional(backend.fp8_config(chosen=False))  # torch.compile traces the whole model
         _ENTRY_POINT_BACKENDS[key] = backend
     _LAST_USED[:] = [backend]
     return backend(graph_module, example_inputs)

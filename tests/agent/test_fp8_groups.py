@@ -247,3 +247,18 @@ def test_the_loop_tries_a_group_in_the_middle_layers_after_it_missed_in_all(tmp_
     # half the blocks in FP8: the model's output rounds less than with the group in all eight, less again
     # than with every linear
     assert 0 < model_error(span) < model_error(group) < model_error(whole)
+
+
+def test_a_chosen_layer_span_never_stops_a_whole_model_compile():
+    """A span choice kept for a block graph (as the knowledge base keeps it) applies to regional
+    compiles; a whole-model compile with the same pipeline runs, since no graph of it has that block
+    graph's signature (only a user's own ``Fp8Config(blocks=...)`` is refused there)."""
+    from kopt.agent.regional_clock import side_passes
+
+    graph = _block_graph()
+    span = next(to_candidate(graph.signature, c) for c in fp8_choices(base_pipeline(), CONFIG, graph.graph_module,
+                                                                       layers=8) if ", in blocks" in c.change)
+    model, (x,) = tiny_block_stack()
+    with torch.no_grad():
+        compiled = kopt.compile(model, passes=side_passes({graph.signature: span}), lower="eager", progress=False)
+        assert rel_err(compiled(x), model(x)) < 1e-5
