@@ -4,7 +4,7 @@
 #     bash benchmarks/tools/device_steps.sh "STEP" ["STEP" ...]
 #
 # Each STEP is a command line, run in order with two helpers defined:
-#   dit TAG TIMEOUT_S [dit.py args]    benchmarks/dit/dit.py --size full --tag TAG, stopped at TIMEOUT_S
+#   dit TAG TIMEOUT_S [dit.py args]    benchmarks/dit/dit.py --size full ($SIZE) --tag TAG, stopped at TIMEOUT_S
 #   agent WORKLOAD BUDGET_MIN TIMEOUT_S KB_SEED [agent_run args]
 #                                      python -m benchmarks.agent_run on a copy of the knowledge base
 #                                      KB_SEED (a path in the checkout, e.g. benchmarks/results/kb-*.sqlite;
@@ -28,7 +28,7 @@ mkdir -p "$R"
 dit() {
     local tag=$1 limit=$2
     shift 2
-    timeout "$limit" python3 benchmarks/dit/dit.py --size full --out "$R" --tag "$tag" "$@" 2>&1 \
+    timeout "$limit" python3 benchmarks/dit/dit.py --size "${SIZE:-full}" --out "$R" --tag "$tag" "$@" 2>&1 \
         | tee "$R/log-dit-$tag.txt" | tail -25
 }
 
