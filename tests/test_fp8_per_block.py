@@ -134,6 +134,8 @@ def test_blocks_by_position_and_only_where_blocks_are_told_apart():
         torch.compile(model, backend="kopt", options={"fp8": config})(x)
     with pytest.raises(ValueError, match="non-negative"):
         Fp8Config(blocks=(-1,))
+    with pytest.raises(ValueError, match=r"positions \[4, 5\], but _Stack has 4 repeated blocks"):
+        block_groups(model, list(model.layers), Fp8Config(blocks=range(6)))
 
 
 def test_an_fp8_choice_records_its_blocks_only_when_it_has_some():

@@ -65,6 +65,10 @@ def block_groups(model: nn.Module, blocks: Sequence[nn.Module], config: Fp8Confi
     block whose position is not in ``config.blocks`` selects nothing. One group with no selection
     (None) where no pattern names a layer and ``blocks`` is unset: each block's graph then selects by
     the paths in its block, exactly as before this module."""
+    beyond = [b for b in config.blocks or () if b >= len(blocks)]
+    if beyond:
+        raise ValueError(f"Fp8Config(blocks=...) names block positions {beyond}, but {type(model).__name__} has "
+                         f"{len(blocks)} repeated blocks (positions 0-{len(blocks) - 1})")
     names = {id(module): name for name, module in model.named_modules()}
     groups: dict[tuple[str, ...], list[nn.Module]] = {}
     as_in_block = config.blocks is None  # stays True while every block selects by its paths in the block alone
