@@ -52,12 +52,12 @@ def _selected(config: Fp8Config, names: tuple[str, str]) -> bool:
 
 
 def block_selection(config: Fp8Config, block: nn.Module, prefix: str) -> tuple[str, ...]:
-    """The paths in ``block`` of the matrices ``config`` selects, a pattern naming a weight by its path
+    """The paths in ``block`` of the weights (2-D, or batched) ``config`` selects, a pattern naming a weight by its path
     in the model (``prefix`` + path in the block) or by its path in the block (what a regional
     compile matched before, and what the agent's per-group choices name); ``min_features`` and the
     other conditions are the pass's."""
     return tuple(sorted(name for name, weight in block.named_parameters(remove_duplicate=False)
-                        if weight.dim() == 2 and _selected(config, (prefix + name, name))))
+                        if weight.dim() >= 2 and _selected(config, (prefix + name, name))))
 
 
 def block_groups(model: nn.Module, blocks: Sequence[nn.Module], config: Fp8Config) -> list[BlockGroup]:
