@@ -14,7 +14,6 @@ medians. Without NVML (the CPU, a GPU image without ``pynvml``) the fields stay 
 from __future__ import annotations
 
 import statistics
-import threading
 from collections.abc import Callable
 
 import torch
@@ -38,25 +37,23 @@ class DeviceState:
     """Samples a reader while its block runs; ``sm_clock_mhz`` and ``power_w`` are the medians."""
 
     def __init__(self, reader: Reader | None, interval_s: float = 0.05) -> None:
+        from benchmarks.tools.periodic import Periodic
+
         self.reader = reader
-        self.interval_s = interval_s
         self.clocks: list[float] = []
         self.powers: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic(self._sample, interval_s, "device-state") if reader is not None else None
 
     def __enter__(self) -> DeviceState:
-        if self.reader is not None:
-            self._thread = threading.Thread(target=self._run, name="device-state", daemon=True)
-            self._thread.start()
+        if self._periodic is not None:
+            self._periodic.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self.reader is not None and not self.clocks:  # a block shorter than one interval
-            self._sample()
+        if self._periodic is not None:
+            self._periodic.__exit__(*exc)
+            if not self.clocks:  # a block shorter than one interval
+                self._sample()
 
     def _sample(self) -> None:
         assert self.reader is not None
@@ -66,10 +63,6 @@ class DeviceState:
             return
         self.clocks.append(clock)
         self.powers.append(power)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
 
     @property
     def sm_clock_mhz(self) -> float | None:

@@ -27,6 +27,8 @@ import time
 import types
 from pathlib import Path
 
+from benchmarks.tools.periodic import Periodic
+
 
 def _frame_name(frame: types.FrameType) -> str:
     code = frame.f_code
@@ -44,42 +46,35 @@ class StackSampler:
         self.samples = 0
         self.elapsed_s = 0.0
         self._target: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._started = 0.0
+        self._periodic = Periodic(self._tick, interval_s, "stack-sampler")
+        self._started = self._last = 0.0
 
     def __enter__(self) -> StackSampler:
         self._target = threading.get_ident()
-        self._stop.clear()
-        self._started = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
-        self._thread.start()
+        self._started = self._last = time.perf_counter()
+        self._periodic.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._periodic.__exit__(*exc)
         self.elapsed_s = time.perf_counter() - self._started
 
-    def _run(self) -> None:
-        last = self._started
-        while not self._stop.wait(self.interval_s):
-            frame = sys._current_frames().get(self._target)  # noqa: SLF001 - the documented way to sample
-            now = time.perf_counter()
-            held, last = now - last, now
-            if frame is None:
-                continue
-            names: list[str] = []
-            while frame is not None and len(names) < self.max_depth:
-                names.append(_frame_name(frame))
-                frame = frame.f_back
-            if not names:
-                continue
-            self.samples += 1
-            self.own[names[0]] += held
-            for name in set(names):  # a recursive function counts once per sample
-                self.inclusive[name] += held
+    def _tick(self) -> None:
+        frame = sys._current_frames().get(self._target)  # noqa: SLF001 - the documented way to sample
+        now = time.perf_counter()
+        held, self._last = now - self._last, now
+        if frame is None:
+            return
+        names: list[str] = []
+        while frame is not None and len(names) < self.max_depth:
+            names.append(_frame_name(frame))
+            frame = frame.f_back
+        if not names:
+            return
+        self.samples += 1
+        self.own[names[0]] += held
+        for name in set(names):  # a recursive function counts once per sample
+            self.inclusive[name] += held
 
     def seconds_in(self, suffix: str, inclusive: bool = True) -> float:
         """The estimated seconds of the function whose name ends with ``suffix`` (e.g. ``"(_spin)"``)."""
