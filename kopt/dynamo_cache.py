@@ -103,10 +103,12 @@ def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[...
     compiled = compile_fresh(call_module, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
     for block in blocks:
         block._compiled_call_impl = (functools.partial(compiled, block) if within is None
-                                     else functools.partial(_call_within, within, compiled, block))
+                                     else functools.partial(call_within, within, compiled, block))
 
 
-def _call_within(within: Callable[[], contextlib.AbstractContextManager[Any]], compiled: Callable[..., Any],
-                 block: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+def call_within(within: Callable[[], contextlib.AbstractContextManager[Any]], function: Callable[..., Any],
+                *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` inside the context ``within()`` makes (a block group's FP8
+    selection while its compiled code runs and compiles)."""
     with within():
-        return compiled(block, *args, **kwargs)
+        return function(*args, **kwargs)

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kopt.dynamo_cache import call_module, compile_fresh
+from kopt.dynamo_cache import call_module, call_within, compile_fresh
 
 _handles = itertools.count()
 _AS_WRITTEN: contextvars.ContextVar[bool] = contextvars.ContextVar("kopt_blocks_as_written", default=False)
@@ -250,12 +250,6 @@ def _never_a_frame_of_its_own(code: types.CodeType) -> None:
     torch._dynamo.eval_frame.skip_code(code)
 
 
-def _run_within(within: Callable[[], contextlib.AbstractContextManager[Any]], compiled: Callable[..., Any],
-                *args: Any, **kwargs: Any) -> Any:
-    with within():
-        return compiled(*args, **kwargs)
-
-
 def _call_kept_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return self._kopt_forward(*args, **kwargs)
 
@@ -270,7 +264,7 @@ def compile_with_opaque_blocks(model: nn.Module, blocks: list[nn.Module], backen
         raise ValueError("the model itself is one of its repeated blocks: there is no code between blocks")
     compiled_block = compile_fresh(_call_kept_forward, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
     if within is not None:
-        compiled_block = functools.partial(_run_within, within, compiled_block)
+        compiled_block = functools.partial(call_within, within, compiled_block)
     for block in blocks:
         _opaque_forward(block, compiled_block)
     compiled_model = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
