@@ -21,7 +21,7 @@ graph sees its own passes in its own order; a pass name never runs twice.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,12 @@ class ChosenPass(Pass):
         rewrite = self.instances.get(graph_module.meta.get(CHOICE_KEY))
         if rewrite is not None:
             rewrite.apply(graph_module, ctx)
+
+    def may_run(self) -> list[Pass]:
+        return list(self.instances.values())
+
+    def mapped(self, change: Callable[[Pass], Pass]) -> Pass:
+        return ChosenPass(self.name, {key: rewrite.mapped(change) for key, rewrite in self.instances.items()})
 
 
 def _reverify(path: Path, graph_module: torch.fx.GraphModule, candidate: Any, record: Any) -> str | None:

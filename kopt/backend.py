@@ -118,15 +118,15 @@ class KoptBackend:
     def fp8_config(self, *, chosen: bool = True) -> Fp8Config | None:
         """The FP8 config that selects linears block by block under regional compilation
         (:mod:`kopt.fp8.per_block`): the ``fp8-linear`` pass's; with ``chosen``, where the pipeline is
-        chosen per graph (a pass holding one instance per graph in ``instances``, as the knowledge
-        base's and the agent's choices do), the one config among them that names blocks, if exactly
-        one does (else None: each graph's own config selects by the paths in its graph, as before)."""
+        chosen per graph (a pass that runs one of several, :meth:`kopt.passes.base.Pass.may_run`, as the
+        knowledge base's and the agent's choices do), the one config among them that names blocks, if
+        exactly one does (else None: each graph's own config selects by the paths in its graph, as before)."""
         from kopt.passes.fp8.linear import Fp8Linear
 
         direct = [p.config for p in self.passes if isinstance(p, Fp8Linear)]
         if direct or not chosen:
             return direct[0] if direct else None
-        wrapped = {p.config for rewrite in self.passes for p in _instances(rewrite) if isinstance(p, Fp8Linear)}
+        wrapped = {p.config for rewrite in self.passes for p in rewrite.may_run() if isinstance(p, Fp8Linear)}
         named = [config for config in wrapped if config.blocks is not None]
         return named[0] if len(named) == 1 else None
 
@@ -195,27 +195,19 @@ class KoptBackend:
         return compiled.__call__
 
 
-def _instances(rewrite: Pass) -> list[Pass]:
-    """The passes a pass may run in its place: those it holds per graph (``instances``), else itself."""
-    instances = getattr(rewrite, "instances", None)
-    return list(instances.values()) if isinstance(instances, Mapping) else [rewrite]
-
-
 def _selecting(rewrite: Pass, selection: tuple[str, ...]) -> Pass:
-    """``rewrite`` with every FP8 pass in it selecting ``selection`` (:func:`kopt.fp8.per_block.block_config`)."""
+    """``rewrite`` with every FP8 pass it may run selecting ``selection`` (:func:`kopt.fp8.per_block.block_config`)."""
     from kopt.fp8.per_block import block_config
     from kopt.passes.fp8.base import Fp8Pass
 
-    if isinstance(rewrite, Fp8Pass):
-        chosen = copy.copy(rewrite)
-        chosen.config = block_config(rewrite.config, selection)
+    def select(one: Pass) -> Pass:
+        if not isinstance(one, Fp8Pass):
+            return one
+        chosen = copy.copy(one)
+        chosen.config = block_config(one.config, selection)
         return chosen
-    instances = getattr(rewrite, "instances", None)
-    if isinstance(instances, Mapping):
-        chosen = copy.copy(rewrite)
-        chosen.instances = {key: _selecting(p, selection) for key, p in instances.items()}  # type: ignore[attr-defined]
-        return chosen
-    return rewrite
+
+    return rewrite.mapped(select)
 
 
 _ENTRY_POINT_BACKENDS: dict[str, KoptBackend] = {}  # one per distinct options, so reports accumulate

@@ -155,6 +155,16 @@ class Pass(abc.ABC):
     def apply(self, graph_module: torch.fx.GraphModule, ctx: PassContext) -> None:
         """Rewrite ``graph_module`` in place, reporting every rewrite and near miss into ``ctx``."""
 
+    def may_run(self) -> list[Pass]:
+        """The passes this one runs in a graph: itself; a pass that picks one of several per graph (the
+        knowledge base's per-graph choices) names each of them."""
+        return [self]
+
+    def mapped(self, change: Callable[[Pass], Pass]) -> Pass:
+        """This pass with ``change`` applied to each pass it may run (:meth:`may_run`): ``change(self)``
+        here; a pass that picks per graph returns a copy holding the changed ones."""
+        return change(self)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {self.contract.describe()}>"
 
