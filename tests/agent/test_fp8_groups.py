@@ -261,4 +261,4 @@ def test_a_chosen_layer_span_never_stops_a_whole_model_compile():
     model, (x,) = tiny_block_stack()
     with torch.no_grad():
         compiled = kopt.compile(model, passes=side_passes({graph.signature: span}), lower="eager", progress=False)
-        assert rel_err(compiled(x), model(x)) < 1e-5
+        assert rel_err(compiled(x), reference_forward(model, x)) < 1e-5  # no graph of it took the FP8 span
