@@ -14,6 +14,7 @@ from kopt.backend import (
     last_backend_report,
 )
 from kopt.config import CompileOptions, Lowering, Role, WeightChange
+from kopt.errors import CompileDuringCapture
 from kopt.fallback import EagerFallbackWarning
 from kopt.integrations.exports import kopt_post_grad_pass, optimize_pipeline, restore_pipeline
 from kopt.passes.base import Contract, ContractKind, FunctionPass, NearMiss, Pass, PassContext
@@ -24,7 +25,8 @@ from kopt.report import Report
 from kopt.version import __version__
 
 __all__ = [
-    "CompileOptions", "Contract", "ContractKind", "EagerFallbackWarning", "FunctionPass", "KoptBackend",
+    "CompileDuringCapture", "CompileOptions", "Contract", "ContractKind", "EagerFallbackWarning", "FunctionPass",
+    "KoptBackend",
     "KoptModule", "Lowering", "LoweringCheckFailed", "NearMiss", "Pass", "PassContext", "Report", "RewritePass",
     "Role", "Rule",
     "VerificationFailed", "WeightChange", "WeightsChangedError", "WeightsReleasedError", "available_passes", "compile",

@@ -20,7 +20,7 @@ from torch._dynamo.exc import RestartAnalysis
 from kopt.between_blocks import designed_break
 from kopt.compiled_graph import CompiledGraph
 from kopt.config import CompileOptions, Lowering, Role, WeightChange, WeightCheck, mode_options
-from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
+from kopt.errors import CompileDuringCapture, LoweringCheckFailed, VerificationFailed, WeightsChangedError
 from kopt.fp8.config import Fp8Config
 from kopt.opaque_blocks import blocks_as_written
 from kopt.passes.base import Fuel, Pass
@@ -176,6 +176,14 @@ class KoptBackend:
         self.generation += 1
 
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from kopt.cuda_graphs import capturing
+
+        if capturing():  # before any device work: the capture would record it (kopt.errors.CompileDuringCapture)
+            raise CompileDuringCapture(
+                "a graph was to be compiled while the current CUDA stream captures a graph (code that branches on "
+                "capturing, such as transformers' mask helpers, passes the compiled code inputs it never saw); "
+                "compiling records its device work instead of running it, so kopt refuses: call the module once "
+                "with these inputs before capturing")
         graph_report = GraphReport(index=len(self.report.graphs), inputs=[])
         self.report.graphs.append(graph_report)
         now = _graph_breaks()

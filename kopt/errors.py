@@ -20,6 +20,16 @@ class LoweringCheckFailed(VerificationFailed):
     """``strict=True``, and the lowered graph failed its numeric check (:mod:`kopt.checks`)."""
 
 
+class CompileDuringCapture(RuntimeError):
+    """Dynamo asked kopt to compile a graph while the current CUDA stream was capturing a graph.
+
+    Compiling runs device work (folding constants, first-call checks, Inductor's autotuning) that a
+    capture would record instead of running: the compiled graph would hold values never computed.
+    kopt refuses, so the capture fails; its own whole-forward recording then warms up the way the
+    capture runs (:mod:`kopt.capture_branch`) and compiles what that needs before recording again.
+    A user capturing a kopt module should call it once with the same inputs outside the capture first."""
+
+
 @contextlib.contextmanager
 def kopt_errors_unwrapped() -> Iterator[None]:
     """Raise kopt's own errors (a failed pass, verification or weight check, a released weight) as
@@ -32,6 +42,7 @@ def kopt_errors_unwrapped() -> Iterator[None]:
         yield
     except torch._dynamo.exc.BackendCompilerFailed as error:
         inner = getattr(error, "inner_exception", None)
-        if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError)):
+        if isinstance(inner, (PassFailed, VerificationFailed, WeightsChangedError, WeightsReleasedError,
+                              CompileDuringCapture)):
             raise inner from None
         raise

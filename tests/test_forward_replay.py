@@ -203,3 +203,51 @@ def test_a_forward_that_reads_its_mask_on_the_host_replays_whole_with_compiled_b
     assert stats.disabled is None and stats.recorded == 1, stats.describe()
     assert stats.replays >= 2 and stats.guard_misses == 0, stats.describe()
     assert report.eager_calls == 0, str(report)
+
+
+class _MaskedBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(24, 24)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        scale = torch.arange(1, 25, dtype=x.dtype, device=x.device).rsqrt()  # a constant staging folds
+        y = x + torch.nn.functional.gelu(self.proj(x)) * scale
+        return y if mask is None else y + mask[:, None]
+
+
+class _CaptureBranchStack(torch.nn.Module):
+    """Passes its blocks a (zero) mask only while a stream captures, as transformers' Llama does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_MaskedBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device) if torch.cuda.is_current_stream_capturing() \
+            else None
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_blocks_needing_a_new_graph_under_capture_compile_before_the_recording_not_inside_it():
+    """The blocks see a mask only under capture, so their graph for it is compiled in the recording
+    unless kopt refuses (kopt.errors.CompileDuringCapture): there staging would fold its constant
+    into a value the capture recorded but never computed (Llama's replays on the H200 returned noise).
+    Refused, the first recording fails; the retry warms up as a capture runs, compiles the mask's
+    graph outside it, and every replay matches the float64 reference on fresh inputs."""
+    torch.manual_seed(0)
+    model = _CaptureBranchStack().cuda().eval()
+    reference = copy.deepcopy(model).double()
+    compiled = kopt.compile(model, regional=True, progress=False)
+    with torch.no_grad():
+        for _ in range(7):
+            x = torch.randn(64, 24, device="cuda")
+            got, want = compiled(x), reference(x.double())
+            assert rel_err(got, want) < 1e-4, compiled.kopt_report.forward_replay.describe()
+    stats = compiled.kopt_report.forward_replay
+    assert stats.disabled is None and stats.recorded == 1 and stats.replays >= 2, stats.describe()
+    assert len(compiled.kopt_report.graphs) == 2  # the plain calls' block graph and the mask's
