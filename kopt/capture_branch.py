@@ -24,6 +24,15 @@ from collections.abc import Iterator
 
 import torch
 
+_REAL_ANSWER = torch.cuda.is_current_stream_capturing
+
+
+def really_capturing() -> bool:
+    """Whether the current stream truly captures, whatever :func:`as_if_capturing` makes model code
+    believe: kopt's own decisions (refusing to compile during a capture, deferring to an enclosing
+    recording) must not take the rehearsal for the capture, or the rehearsal compiles nothing."""
+    return torch.cuda.is_available() and _REAL_ANSWER()
+
 
 @contextlib.contextmanager
 def as_if_capturing() -> Iterator[None]:

@@ -54,14 +54,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kopt.capture_branch import as_if_capturing
+from kopt.capture_branch import as_if_capturing, really_capturing
 from kopt.host_scalars import host_scalars_as_fills
 
 
 def capturing() -> bool:
     """Whether the current stream is recording a CUDA graph (kopt's whole-forward replay, or the
     caller's own): then nothing may wait for the device or record a graph of its own."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return really_capturing()
 
 
 def _signature(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> tuple[Any, ...] | str:

@@ -45,3 +45,28 @@ def test_a_compile_requested_during_a_capture_is_refused_and_leaves_nothing_behi
     assert len(compiled.kopt_report.graphs) == 1
     rel = float((got.double() - want).norm() / want.norm())
     assert rel < 1e-5, rel
+
+
+def test_a_rehearsal_of_the_capture_branch_is_not_taken_for_a_capture(monkeypatch):
+    """kopt.capture_branch makes model code believe a stream captures so that the graphs it needs
+    compile before the real capture: kopt's own test must see through it (on the H200 the rehearsal
+    was refused too, and Llama lost its whole-forward replay). A CUDA device is stood in for only
+    around the questions (dynamo would try to use one), the real answer being "not capturing"."""
+    from kopt.capture_branch import as_if_capturing, really_capturing
+
+    monkeypatch.setattr("kopt.capture_branch._REAL_ANSWER", lambda: False)
+    with as_if_capturing():
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.cuda, "is_available", lambda: True)
+            assert torch.cuda.is_current_stream_capturing()  # what model code sees
+            assert not really_capturing() and not kopt.cuda_graphs.capturing()  # what kopt sees
+        torch.manual_seed(1)
+        model = _Block().eval()
+        compiled = kopt.compile(model, passes="auto", lower="eager", progress=False)
+        x = torch.randn(3, 24)
+        with torch.no_grad():
+            got = compiled(x)  # compiled during the rehearsal, not refused
+    assert len(compiled.kopt_report.graphs) == 1
+    with torch.no_grad():
+        want = model.double()(x.double())
+    assert float((got.double() - want).norm() / want.norm()) < 1e-5

@@ -161,7 +161,9 @@ class Tuner:
             return True
         if device.type != "cuda" or interpreting():
             return False
-        return not torch.cuda.is_current_stream_capturing()
+        from kopt.capture_branch import really_capturing  # a rehearsal of a capture tunes: it is not one
+
+        return not really_capturing()
 
     # ------------------------------------------------------------------------------------ choose
     def choose(
