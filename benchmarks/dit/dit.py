@@ -333,7 +333,11 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
         run.log(f"  {name} {variant.name} warm compile failed: {result['error']}")
         return state
     forward["warm_compile_s"] = result["compile_s"]
-    run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s")
+    caches = result.get("caches") or {}
+    if caches:
+        forward["notes"].append("warm compile's Inductor caches: " + ", ".join(f"{k} {v}" for k, v in caches.items()))
+    run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s"
+            + (f"; Inductor caches: {caches}" if caches else ""))
     return state
 
 

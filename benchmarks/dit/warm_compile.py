@@ -11,7 +11,7 @@ launch-config cache), because the run that spawns this process compiled the same
 Builds the workload's model with the benchmark's seed, prepares the variant as
 ``benchmarks/dit/dit.py`` does, and times the first call against a normal call exactly like the
 cold row (:class:`benchmarks.dit.measure.Timing`). Prints one JSON line, last:
-``{"model", "variant", "compile_s", "first_call_s", "median_ms"}``.
+``{"model", "variant", "compile_s", "first_call_s", "median_ms", "caches"}`` (:func:`cache_counters`).
 
 ``--sample N`` samples the thread's stack every 5 ms while it compiles and runs the timed calls
 (:mod:`benchmarks.tools.stack_sampler`) and writes the N functions with the most samples, on the
@@ -127,7 +127,15 @@ def measure(model_name: str, variant_name: str, size: str, device: str, dtype: s
             timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
                                   warmup=1, repeats=3)
     return dict(model=model_name, variant=variant_name, compile_s=timing.compile_s,
-                first_call_s=timing.first_call_s, median_ms=timing.median_ms)
+                first_call_s=timing.first_call_s, median_ms=timing.median_ms, caches=cache_counters())
+
+
+def cache_counters() -> dict[str, int]:
+    """Inductor's cache counters of this process (FX graph cache hits, misses and bypasses, autotune
+    cache hits...): a warm compile slower than it should be says here whether a cache missed."""
+    from torch._dynamo.utils import counters
+
+    return {name: int(count) for name, count in sorted(counters["inductor"].items()) if "cache" in name}
 
 
 def in_fresh_process(model_name: str, variant_name: str, size: str, device: str, dtype: str,
