@@ -68,6 +68,15 @@ def test_warm_compile_comes_from_the_latest_file_that_measured_it(tmp_path):
     assert "7.5 (met ≤ 10 s, old.json)" in (tmp_path / "goals.md").read_text()
 
 
+def test_a_later_warm_compile_wins_over_the_timed_files_own(tmp_path):
+    timed = _write(tmp_path / "timed.json", [_row("torch.compile+graphs", 100.0, 10.0, 1.0),
+                                             _row("kopt-regional", 95.0, 8.0, 1.0, warm_compile_s=7.5)])
+    later = _write(tmp_path / "later.json", [_row("kopt-regional", 94.0, 8.0, 1.0, warm_compile_s=13.8)])
+    (row,) = goal_rows([timed, later])
+    assert row["file"] == "timed.json"  # the pair from one process
+    assert (row["warm_compile_s"], row["warm_file"], row["warm_goal_met"]) == (13.8, "later.json", False)
+
+
 def test_fp8_takes_the_compiled_model_code_row_where_a_run_measured_it(tmp_path):
     """The FP8 row with the model's code compiled is kopt's row where present (it is the one that keeps
     the contract on FLUX.1); the device each row ran on is named beside its file."""

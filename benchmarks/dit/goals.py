@@ -81,9 +81,10 @@ def _best_baseline(rows: Sequence[Mapping[str, Any]], precision: str, file: str)
 
 def _latest_warm(rows: Sequence[Mapping[str, Any]], kopt: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The latest row of ``kopt``'s variant that measured a warm compile (a warm compile needs a second
-    process, so a file often has none): ``kopt`` itself when it did."""
+    process, so a file often has none), in whichever file: the code compiling is the latest, and a
+    warm compile is mostly host work, not the timed pair's."""
     measured = [r for r in rows if r["variant"] == kopt["variant"] and r.get("warm_compile_s") is not None]
-    return kopt if kopt.get("warm_compile_s") is not None else (measured[-1] if measured else None)
+    return measured[-1] if measured else None
 
 
 def _eager_peak(rows: Sequence[Mapping[str, Any]], file: str) -> float | None:
