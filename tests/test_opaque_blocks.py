@@ -191,6 +191,37 @@ def test_new_sizes_compile_once_more_with_symbolic_sizes():
     assert _untouched(model)
 
 
+def test_within_one_compile_each_block_call_runs_on_fake_tensors_once():
+    """Capture, every pass that propagates shapes and the lowering each run the model's graph on fake
+    tensors: the op's fake implementation runs a block as written once per distinct call within one
+    kopt compile and reuses the outputs' metadata after (LTX-Video's 28 blocks cost seconds per
+    propagation; here, with three, `redundancy` and `staging` propagate again: four runs per block
+    without the memo). The outputs are still the float64 reference's."""
+    import diffusers
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    workload = get_workload("ltx-video")
+    config = {k: v for k, v in dict(workload.build_model("tiny").config).items() if not k.startswith("_")}
+    torch.manual_seed(0)
+    model = diffusers.LTXVideoTransformer3DModel(**{**config, "num_layers": 3}).eval()
+    inputs = workload.build_inputs("tiny", torch.device("cpu"), torch.float32, torch.Generator().manual_seed(1), False)
+    runs: list[int] = []
+    for index, block in enumerate(model.transformer_blocks):
+        def counted(*args, _forward=block.forward, _index=index, **kwargs):
+            if any(isinstance(a, FakeTensor) for a in [*args, *kwargs.values()]):
+                runs.append(_index)
+            return _forward(*args, **kwargs)
+
+        block.forward = counted
+    with torch.no_grad():
+        exact = reference_forward(model, **inputs)[0]
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        out = compiled(**inputs)[0]
+    assert rel_err(out, exact) < 1e-5
+    # dynamo's own trace (before kopt's compile) and the first propagation within it
+    assert sorted(runs.count(i) for i in set(runs)) == [2, 2, 2], runs
+
+
 class _HostReadInLoop(nn.Module):
     """A loop dynamo gives up on (a value read on the host between blocks), as Mochi's and HiDream's are."""
 
