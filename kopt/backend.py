@@ -179,11 +179,10 @@ class KoptBackend:
         from kopt.cuda_graphs import capturing
 
         if capturing():  # before any device work: the capture would record it (kopt.errors.CompileDuringCapture)
-            raise CompileDuringCapture(
-                "a graph was to be compiled while the current CUDA stream captures a graph (code that branches on "
-                "capturing, such as transformers' mask helpers, passes the compiled code inputs it never saw); "
-                "compiling records its device work instead of running it, so kopt refuses: call the module once "
-                "with these inputs before capturing")
+            raise CompileDuringCapture(  # its first 200 characters are what a failed recording reports
+                "kopt does not compile a graph while a CUDA stream captures (its device work would be recorded, "
+                "not run): call the module once with these inputs before capturing. Code that branches on "
+                "capturing (transformers' mask helpers) passes compiled code inputs it never saw there.")
         graph_report = GraphReport(index=len(self.report.graphs), inputs=[])
         self.report.graphs.append(graph_report)
         now = _graph_breaks()
