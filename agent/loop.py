@@ -82,6 +82,7 @@ class OptimizeResult:
     pool: str = "inline"
     verified_ahead: list[VerifyEvent] = dataclasses.field(default_factory=list)
     deferred: list[Candidate] = dataclasses.field(default_factory=list)  # not started: would outlast the budget
+    lowered_s: dict[str, float] = dataclasses.field(default_factory=dict)  # per region: one occurrence, Inductor
 
     def table(self) -> str:
         from kopt.agent.report import candidate_table
@@ -547,6 +548,7 @@ def optimize(model: torch.nn.Module, example_inputs: Sequence[Any] | Mapping[str
                 stream.close()
             if hasattr(clock, "close"):  # a regional clock gives the model back uncompiled
                 clock.close()
+    lowered = {k: ms / 1e3 for k, ms in bench.lowered_ms().items()} if bench is not None else {}
     return OptimizeResult(profile, evaluations, accepted, resumed, skipped, Path(kb.path), graphs, occurrences, clock,
                           time.monotonic() - started, stopped, pool_text, list(stream.events) if pool else [],
-                          deferred)
+                          deferred, lowered)

@@ -126,9 +126,18 @@ class MicroBench:
             return self._harness_ms(region, original_candidate(region)), "the original region"
         measured = self._harness_ms(region, lowered_original_candidate(region))
         if not isinstance(measured, str):
-            return measured, "the original region as Inductor lowers it"
+            return measured, self.LOWERED
         return (self._harness_ms(region, original_candidate(region)),
                 f"the original region op by op (Inductor's lowering of it alone: {measured})")
+
+    LOWERED = "the original region as Inductor lowers it"
+
+    def lowered_ms(self) -> dict[str, float]:
+        """Per region signature, the median time (ms) of one occurrence as Inductor lowers the region
+        alone, where this run measured it: what the region costs in what a user runs, against which the
+        op-by-op profile (:mod:`kopt.agent.profile`) overstates the headroom of a fusible region."""
+        return {key: statistics.median(times) for key, times in self._original_ms.items()
+                if self._against.get(key) == self.LOWERED and times}
 
     @property
     def cost_model(self) -> bool:

@@ -101,7 +101,8 @@ def main() -> None:
             "side_build_s": list(getattr(result.clock, "build_seconds", [])),
             "wall_s": time.time() - started, "skipped": result.skipped, "resumed": sorted(result.resumed),
             "profile": [{"region": r.region.signature, "occurrences": r.occurrences, "seconds": r.seconds,
-                         "floor_s": r.floor.seconds, "bound": r.floor.bound} for r in result.profile.regions],
+                         "floor_s": r.floor.seconds, "bound": r.floor.bound,
+                         "lowered_s": result.lowered_s.get(r.region.signature)} for r in result.profile.regions],
             "evaluations": evaluation_records(result),
             "deferred": [dict(c.params) for c in result.deferred]}
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))

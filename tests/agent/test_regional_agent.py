@@ -268,6 +268,27 @@ def test_the_region_plot_marks_regions_a_pipeline_choice_rewrote_away(tmp_path):
     assert result.plot(tmp_path / "regions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_region_plot_marks_a_regions_time_as_inductor_lowers_it_where_measured(tmp_path):
+    """The profile's "before" runs a region op by op; where the micro step timed the region as Inductor
+    lowers it (a GPU run), the plot marks that too, per model call (time per occurrence × occurrences),
+    and only those measurements count (an op-by-op fallback is not one)."""
+    from kopt.agent.micro import MicroBench
+    from kopt.agent.report import lowered_per_call
+
+    model, inputs = tiny_block_stack()
+    result = optimize(model, inputs, budget_min=5, kb_path=tmp_path / "kb.sqlite", regional=True, lower="eager",
+                      max_candidates=1, micro=False, progress=False, workers=1, pipelines=False)
+    assert result.lowered_s == {}  # no micro step ran: nothing measured
+    region = max(result.profile.regions, key=lambda r: r.seconds)
+    bench = MicroBench(result.clock)
+    bench._original_ms = {region.region.signature: [0.2, 0.3, 0.4], "other": [1.0]}
+    bench._against = {region.region.signature: MicroBench.LOWERED, "other": "the original region op by op"}
+    result.lowered_s = {k: ms / 1e3 for k, ms in bench.lowered_ms().items()}
+    assert result.lowered_s == {region.region.signature: 0.3e-3}
+    assert lowered_per_call(result) == {region.region.signature[:12]: 0.3e-3 * region.occurrences}
+    assert result.plot(tmp_path / "regions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_once_a_candidate_is_judged_only_the_next_baselines_side_stays():
     """keep_only drops the sides no later A/B times (their memory goes to the verifier and the micro
     step); the kept side still runs the whole forward with its candidates."""
