@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kopt import fake_block_outputs as fake_outputs
 from kopt.dynamo_cache import call_module, call_within, compile_fresh
 
 _handles = itertools.count()
@@ -168,46 +169,21 @@ def opaque_block(handle: int, variant: int, tensors: list[torch.Tensor]) -> list
     return _unaliased(_outputs(handle, variant, out), tensors)
 
 
-_Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
-# while kopt compiles a graph (blocks_as_written): (handle, variant, argument metadata) -> output metadata
-_FAKE_OUTPUTS: contextvars.ContextVar[dict[tuple, list[_Meta]] | None] = contextvars.ContextVar(
-    "kopt_opaque_fake_outputs", default=None)
-
-
-def _static_meta(tensor: torch.Tensor) -> _Meta | None:
-    shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-    if not all(type(d) is int for d in (*shape, *stride)):
-        return None  # a symbolic size: the output's may depend on it in ways a key cannot hold
-    return shape, stride, tensor.dtype, tensor.device
-
-
-def _fake_key(handle: int, variant: int, block: nn.Module, tensors: Sequence[torch.Tensor]) -> tuple | None:
-    """What a block call's output metadata depends on: the block (its weights' shapes and dtypes
-    included), the call's structure and its tensors' shapes, strides, dtypes and devices; None where a
-    size is symbolic."""
-    metas = [_static_meta(t) for t in tensors]
-    if None in metas:
-        return None
-    weights = tuple((tuple(t.shape), t.dtype, t.device) for t in itertools.chain(block.parameters(), block.buffers()))
-    return handle, variant, tuple(metas), weights
-
-
 @opaque_block.register_fake
 def _(handle: int, variant: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The block run as written on fake tensors; within one kopt compile (:func:`blocks_as_written`) a
-    call with the same key (:func:`_fake_key`) takes the outputs' metadata from the first such run:
-    capture, each pass that propagates shapes and the lowering each run every block call on fake
-    tensors (LTX-Video's model graph: 28 calls, seconds per propagation), and a block's output metadata
-    is a function of what the key holds (its code is fixed while the graph compiles)."""
+    """The block run as written on fake tensors, once per distinct call while one call of the
+    compiled model compiles (:mod:`kopt.fake_block_outputs`: a call whose block and arguments match an
+    earlier one's takes its outputs' metadata and layout)."""
     from torch._guards import detect_fake_mode
 
     block = _block(handle)
-    memo = _FAKE_OUTPUTS.get()
-    key = _fake_key(handle, variant, block, tensors) if memo is not None else None
-    if key is not None and key in memo:
-        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in memo[key]]
-    args, kwargs = _rebuild(_STRUCTURES[handle][variant], tensors)
+    structure = _STRUCTURES[handle][variant]
+    key = fake_outputs.call_key(block, structure, tensors)
+    known = fake_outputs.recalled(key)
+    if known is not None:
+        metas, _LAYOUTS[(handle, variant)] = known
+        return [torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype, device in metas]
+    args, kwargs = _rebuild(structure, tensors)
     mode = detect_fake_mode(tensors)
     before = mode.allow_non_fake_inputs if mode is not None else None
     if mode is not None:  # the block's weights are real tensors: the fake mode takes them as they are
@@ -219,10 +195,7 @@ def _(handle: int, variant: int, tensors: list[torch.Tensor]) -> list[torch.Tens
         if mode is not None:
             mode.allow_non_fake_inputs = before
     outs = [out.clone() for out in outs]
-    if key is not None:
-        metas = [_static_meta(out) for out in outs]
-        if None not in metas:
-            memo[key] = metas
+    fake_outputs.remember(key, outs, _LAYOUTS[(handle, variant)])
     return outs
 
 
@@ -231,12 +204,12 @@ def blocks_as_written() -> Iterator[None]:
     """Opaque block calls run each block as written: while kopt compiles a graph that holds them (its
     verification and lowering check run the graph), so that a block's own compile never starts inside
     another compile, and the check sees the block's computation as the model defines it. Within it,
-    the op's fake implementation remembers each call's output metadata (its docstring)."""
-    token, memo = _AS_WRITTEN.set(True), _FAKE_OUTPUTS.set({})
+    block calls share fake runs (:func:`kopt.fake_block_outputs.remembering`)."""
+    token = _AS_WRITTEN.set(True)
     try:
-        yield
+        with fake_outputs.remembering():
+            yield
     finally:
-        _FAKE_OUTPUTS.reset(memo)
         _AS_WRITTEN.reset(token)
 
 
@@ -309,7 +282,14 @@ def compile_with_opaque_blocks(model: nn.Module, blocks: list[nn.Module], backen
     for block in blocks:
         _opaque_forward(block, compiled_block)
     compiled_model = compile_fresh(call_module, type(model).__name__, backend, fullgraph=False, dynamic=dynamic)
-    model._compiled_call_impl = functools.partial(compiled_model, model)
+    model._compiled_call_impl = functools.partial(_remembering_call, compiled_model, model)
+
+
+def _remembering_call(compiled_model: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """One call of the compiled model, its block calls sharing fake runs while dynamo traces and kopt
+    compiles in it (:mod:`kopt.fake_block_outputs`)."""
+    with fake_outputs.remembering():
+        return compiled_model(*args, **kwargs)
 
 
 def is_opaque(module: nn.Module) -> bool:

@@ -191,12 +191,12 @@ def test_new_sizes_compile_once_more_with_symbolic_sizes():
     assert _untouched(model)
 
 
-def test_within_one_compile_each_block_call_runs_on_fake_tensors_once():
-    """Capture, every pass that propagates shapes and the lowering each run the model's graph on fake
-    tensors: the op's fake implementation runs a block as written once per distinct call within one
-    kopt compile and reuses the outputs' metadata after (LTX-Video's 28 blocks cost seconds per
-    propagation; here, with three, `redundancy` and `staging` propagate again: four runs per block
-    without the memo). The outputs are still the float64 reference's."""
+def test_while_the_model_compiles_blocks_alike_share_one_fake_run():
+    """Dynamo's trace, kopt's capture, every pass that propagates shapes and the lowering each run the
+    model's graph on fake tensors: while one call of the compiled model compiles, a block call whose
+    block and arguments match an earlier one's reuses its outputs' metadata (kopt.fake_block_outputs).
+    LTX-Video's identical blocks: one fake run in all (four per block without it, twelve here). The
+    outputs are still the float64 reference's."""
     import diffusers
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -218,8 +218,52 @@ def test_within_one_compile_each_block_call_runs_on_fake_tensors_once():
         compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
         out = compiled(**inputs)[0]
     assert rel_err(out, exact) < 1e-5
-    # dynamo's own trace (before kopt's compile) and the first propagation within it
-    assert sorted(runs.count(i) for i in set(runs)) == [2, 2, 2], runs
+    assert runs == [0], runs  # the first block, in dynamo's trace; every later call shares it
+
+
+class _Repeating(nn.Module):
+    """One class, equal weights' shapes, an output width set by a plain attribute."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.linear, self.times = nn.Linear(8, 8), times
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).repeat(1, self.times)
+
+
+class _Widening(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Repeating(t) for t in (1, 2, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([layer(x) for layer in self.layers], dim=-1)
+
+
+def test_blocks_whose_state_differs_do_not_share_a_fake_run():
+    """Blocks of one class with the same weights' shapes but another attribute value (here the output
+    width) each run on fake tensors: the key holds every module's non-tensor state."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    torch.manual_seed(0)
+    model = _Widening().eval()
+    runs: list[int] = []
+    for index, block in enumerate(model.layers):
+        def counted(*args, _forward=block.forward, _index=index, **kwargs):
+            if any(isinstance(a, FakeTensor) for a in args):
+                runs.append(_index)
+            return _forward(*args, **kwargs)
+
+        block.forward = counted
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        want = model.double()(x.double())
+        model.float()
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        got = compiled(x)
+    assert got.shape == (5, 32) and rel_err(got, want) < 1e-5
+    assert runs == [0, 1], runs  # the third block is the first one's alike
 
 
 class _HostReadInLoop(nn.Module):
