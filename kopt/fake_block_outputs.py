@@ -12,7 +12,8 @@ arguments' metadata. :func:`block_key` holds all of these: the class, every para
 buffer's name, shape, dtype and device, and a fingerprint of the non-tensor state of every module in
 the block (plain values as they are; containers element by element; any other object by its type
 and, two levels down, its own state, beyond that by identity, so only the same object matches).
-Two blocks with equal keys compute outputs laid out alike for arguments laid out alike, so one
+With the call's structure, its arguments' layouts and whether autocast is on, two blocks with
+equal keys compute outputs laid out alike for arguments laid out alike, so one
 fake run serves both: the 57 calls of FLUX.1 cost one run per block class. Valid only while the
 state cannot change, so a memo lives for one call of the compiled model (:func:`remembering`):
 dynamo traces, kopt compiles, and the memo goes. A symbolic size gives no key (a run per call).
@@ -112,7 +113,8 @@ def call_key(block: nn.Module, structure: Any, tensors: Sequence[torch.Tensor]) 
     keys = memo.setdefault("blocks", {})
     if id(block) not in keys:
         keys[id(block)] = block_key(block)
-    return keys[id(block)], structure, tuple(metas), torch.is_autocast_enabled()
+    autocast = tuple(torch.is_autocast_enabled(device) for device in ("cuda", "cpu"))
+    return keys[id(block)], structure, tuple(metas), autocast
 
 
 def recalled(key: tuple | None) -> Remembered | None:
