@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kopt import fake_block_outputs as fake_outputs
 from kopt.dynamo_cache import call_module, call_within, compile_fresh
+from kopt.fake_block_outputs import call_key, recalled, remember, remembering
 
 _handles = itertools.count()
 _AS_WRITTEN: contextvars.ContextVar[bool] = contextvars.ContextVar("kopt_blocks_as_written", default=False)
@@ -178,8 +178,8 @@ def _(handle: int, variant: int, tensors: list[torch.Tensor]) -> list[torch.Tens
 
     block = _block(handle)
     structure = _STRUCTURES[handle][variant]
-    key = fake_outputs.call_key(block, structure, tensors)
-    known = fake_outputs.recalled(key)
+    key = call_key(block, structure, tensors)
+    known = recalled(key)
     if known is not None:
         metas, _LAYOUTS[(handle, variant)] = known
         return [torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype, device in metas]
@@ -195,7 +195,7 @@ def _(handle: int, variant: int, tensors: list[torch.Tensor]) -> list[torch.Tens
         if mode is not None:
             mode.allow_non_fake_inputs = before
     outs = [out.clone() for out in outs]
-    fake_outputs.remember(key, outs, _LAYOUTS[(handle, variant)])
+    remember(key, outs, _LAYOUTS[(handle, variant)])
     return outs
 
 
@@ -207,7 +207,7 @@ def blocks_as_written() -> Iterator[None]:
     block calls share fake runs (:func:`kopt.fake_block_outputs.remembering`)."""
     token = _AS_WRITTEN.set(True)
     try:
-        with fake_outputs.remembering():
+        with remembering():
             yield
     finally:
         _AS_WRITTEN.reset(token)
@@ -288,7 +288,7 @@ def compile_with_opaque_blocks(model: nn.Module, blocks: list[nn.Module], backen
 def _remembering_call(compiled_model: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """One call of the compiled model, its block calls sharing fake runs while dynamo traces and kopt
     compiles in it (:mod:`kopt.fake_block_outputs`)."""
-    with fake_outputs.remembering():
+    with remembering():
         return compiled_model(*args, **kwargs)
 
 
