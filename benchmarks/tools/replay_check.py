@@ -3,10 +3,11 @@
     python benchmarks/tools/replay_check.py --workload llama [--between-blocks outer] [--calls 5]
 
 Compiles the full-size workload as the agent's regional clock does (``kopt.compile(regional=True)``,
-whole-forward CUDA-graph replay, no lowering check) and compares each call's first output with
-eager bf16's (cosine, relative error), then again with one setting changed at a time: no replay,
-no ``staging``, the graphs run op by op (``lower="eager"``). A setting whose rows agree with eager
-while the default's do not names the part that goes wrong. Dynamo's recompilations are logged
+whole-forward CUDA-graph replay, no lowering check) and compares each call's first output with the
+higher-precision reference (:func:`kopt.reference.reference_forward`; cosine, relative error, with
+eager bf16's own error beside them), then again with one setting changed at a time: no replay, no
+``staging``, the graphs run op by op (``lower="eager"``). A setting whose calls stay as close to the
+reference as eager while the default's do not names the part that goes wrong. Dynamo's recompilations are logged
 (``torch._logging`` ``recompiles``) so that a graph compiled on a later call shows with its reason.
 Prints one JSON line per setting; ``--out`` also writes them as a file.
 """
@@ -17,10 +18,17 @@ import argparse
 import gc
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
-import torch
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from benchmarks.dit.measure import first_tensor  # noqa: E402
+from kopt.verify import cosine_similarity, relative_error  # noqa: E402
 
 SETTINGS = {
     "default": dict(),
@@ -30,17 +38,8 @@ SETTINGS = {
 }
 
 
-def _first(output: object) -> torch.Tensor:
-    while isinstance(output, (tuple, list)):
-        output = output[0]
-    assert isinstance(output, torch.Tensor), type(output)
-    return output
-
-
-def _agreement(got: torch.Tensor, want: torch.Tensor) -> dict[str, float]:
-    got, want = got.double().flatten(), want.double().flatten()
-    return {"cosine": float(torch.nn.functional.cosine_similarity(got, want, dim=0)),
-            "rel_err": float((got - want).norm() / want.norm())}
+def _agreement(got: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    return {"cosine": cosine_similarity(got, reference), "rel_err": relative_error(got, reference)}
 
 
 def check(model: torch.nn.Module, inputs: dict, want: torch.Tensor, setting: str, between_blocks: str,
@@ -61,7 +60,7 @@ def check(model: torch.nn.Module, inputs: dict, want: torch.Tensor, setting: str
     rows = []
     with torch.no_grad():
         for index in range(calls):
-            rows.append({"call": index, **_agreement(_first(compiled(**inputs)), want)})
+            rows.append({"call": index, **_agreement(first_tensor(compiled(**inputs)), want)})
     replay = getattr(compiled, "_replay", None)
     result = {"setting": setting, "calls": rows, "seconds": round(time.perf_counter() - began, 1),
               "graphs": [{"index": g.index, "applied": [p.name for p in g.passes if p.matches],
@@ -94,9 +93,13 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = workload.model(args.size, device=device, dtype=torch.bfloat16)
     inputs = workload.inputs(args.size, device=device, dtype=torch.bfloat16, seed=0)
+    from kopt.reference import reference_forward
+
     with torch.no_grad():
-        want = _first(model(**inputs)).clone()
-    results = []
+        want = first_tensor(reference_forward(model, **inputs)).clone()
+        eager = _agreement(first_tensor(model(**inputs)), want)
+    print(json.dumps({"setting": "eager", **eager}), flush=True)
+    results = [{"setting": "eager", **eager}]
     for setting in args.settings.split(","):
         try:
             result = check(model, inputs, want, setting, args.between_blocks, args.calls)
