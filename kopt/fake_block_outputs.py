@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kopt.fx.symbolic import static_int
+
 Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 Remembered = tuple[list[Meta], Any]  # the outputs' metadata and their layout (kopt.opaque_blocks._outputs)
 
@@ -96,10 +98,10 @@ def block_key(block: nn.Module) -> tuple:
 
 def static_meta(tensor: torch.Tensor) -> Meta | None:
     """A tensor's shape, strides, dtype and device; None where a size is symbolic."""
-    shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-    if not all(type(d) is int for d in (*shape, *stride)):
+    shape, stride = [static_int(d) for d in tensor.shape], [static_int(d) for d in tensor.stride()]
+    if None in shape or None in stride:
         return None
-    return shape, stride, tensor.dtype, tensor.device
+    return tuple(shape), tuple(stride), tensor.dtype, tensor.device
 
 
 def call_key(block: nn.Module, structure: Any, tensors: Sequence[torch.Tensor]) -> tuple | None:

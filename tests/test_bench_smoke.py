@@ -441,6 +441,21 @@ def test_warm_compile_runs_the_variant_again_in_a_fresh_process(tmp_path):
     assert "graph 0: capturing" in log.read_text()  # kopt's progress, for where the time went
 
 
+def test_warm_compile_counts_inductors_cache_lookups():
+    """A graph Inductor lowers is looked up in its FX graph cache: a hit, a miss or a bypass is counted."""
+    from benchmarks.dit.warm_compile import cache_counters
+
+    before = cache_counters()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: torch.sin(x) * 3 + 1, backend="inductor")
+    x = torch.randn(8)
+    torch.testing.assert_close(compiled(x), torch.sin(x) * 3 + 1)
+    after = cache_counters()
+    looked_up = sum(after.get(k, 0) - before.get(k, 0)
+                    for k in ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"))
+    assert looked_up >= 1, (before, after)
+
+
 def test_warm_compile_is_measured_for_the_variants_named_and_never_for_eager():
     from benchmarks.dit.dit import wants_warm_compile
 

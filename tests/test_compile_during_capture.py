@@ -54,6 +54,10 @@ def test_a_rehearsal_of_the_capture_branch_is_not_taken_for_a_capture(monkeypatc
     around the questions (dynamo would try to use one), the real answer being "not capturing"."""
     from kopt.capture_branch import as_if_capturing, really_capturing
 
+    with monkeypatch.context() as patch:  # a real capture is seen through the same question
+        patch.setattr("kopt.capture_branch._REAL_ANSWER", lambda: True)
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        assert really_capturing() and kopt.cuda_graphs.capturing()
     monkeypatch.setattr("kopt.capture_branch._REAL_ANSWER", lambda: False)
     with as_if_capturing():
         with monkeypatch.context() as patch:
