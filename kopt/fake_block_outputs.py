@@ -4,7 +4,8 @@ Under ``between_blocks="compiled"`` the model's graph calls each repeated block 
 (:mod:`kopt.opaque_blocks`), whose fake implementation runs the block as written on fake tensors.
 Everything that propagates shapes through the model's graph runs it again for every block call:
 dynamo's trace, kopt's capture, each pass that propagates shapes, the lowering. FLUX.1's graph
-calls 57 blocks; on the CPU each propagation costs about 1.7 s of Python, whatever the widths.
+calls 57 blocks: seconds of Python per propagation, whatever the widths
+(``benchmarks/tools/opaque_compile_time.py`` measures compile + first call on tiny widths).
 
 A block's output metadata (shapes, strides, dtypes, devices, and which outputs are None) is a
 function of its code, its weights' shapes and dtypes, its other state, the call's structure and its
