@@ -26,18 +26,19 @@ an input mutated in place), or a bit-level reinterpretation of a floating tensor
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import warnings
 import weakref
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from kopt.matmul_precision import full_precision_matmuls
 
 aten = torch.ops.aten
 
@@ -162,20 +163,6 @@ class _UpcastBeforeDtypeChecks(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-@contextlib.contextmanager
-def _full_precision_matmuls() -> Iterator[None]:
-    """TF32 off while the reference runs on a GPU (TF32 keeps 10 mantissa bits: no reference)."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    precision = torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-        torch.set_float32_matmul_precision(precision)
-
-
 def _narrowest_floating(values: Any) -> torch.Tensor | None:
     """The floating input of the lowest precision: what the model computes in (its bf16 weights, not
     an fp32 guidance input that happens to come first)."""
@@ -205,7 +192,7 @@ def run_reference(fn: Callable[..., Any], *args: Any, dtype: torch.dtype | None 
     elif upcast_inputs:
         args = tuple(pytree.tree_map(mode._upcast, a) if i in upcast_inputs else a for i, a in enumerate(args))
     try:
-        with (torch.no_grad(), _full_precision_matmuls(), warnings.catch_warnings(), _UpcastBeforeDtypeChecks(mode),
+        with (torch.no_grad(), full_precision_matmuls(), warnings.catch_warnings(), _UpcastBeforeDtypeChecks(mode),
               mode):
             # torch.rms_norm and layer_norm warn that mixed input/weight dtypes skip their fused kernel:
             # they do, and the unfused path then runs under the mode in the reference dtype
