@@ -39,6 +39,7 @@ def default_pipeline() -> list[Pass]:
     """The passes ``"auto"`` runs, in order."""
     return [
         RedundancyElimination(),  # first: one node per value, so later matchers see a canonical graph
+        SplitConcatLinear(),  # before the merge, which would take a GELU part's linear into Q/K/V's GEMM
         SiblingProjectionMerge(),  # after CSE: siblings then read the very same input node
         BiasAbsorption(),  # after the merge: merged GEMMs keep their bias when a split follows them
         FuseAdaLN(),  # after bias absorption: the absorbed bias adds are part of the regions it matches
@@ -89,11 +90,11 @@ def _when(condition: bool, rewrite: Pass) -> list[Pass]:
 
 def opt_in_passes() -> list[Pass]:
     """Built-in passes not in ``"auto"``: correct and tested, not measured to pay on a GPU in general
-    (codegen-fuse, split-concat-linear; fuse-attention paid at one shape class: the agent's end-to-end
+    (codegen-fuse; fuse-attention paid at one shape class: the agent's end-to-end
     A/B decides them per model), or added by an option (fp8-linear and its producer fusions, by
     ``fp8=...``). Name them explicitly where each one's ``runs_before`` says (:func:`with_pass`;
     ``staging`` for most: it marks the values it hoists by node name)."""
-    return [CodegenFuse(), SplitConcatLinear(), FuseAttention(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(),
+    return [CodegenFuse(), FuseAttention(), Fp8Linear(), FuseActivationQuant(), FuseAdaLNQuant(),
             Fp8Attention(), FuseAttentionOutputQuant(), Fp8Gemv()]
 
 

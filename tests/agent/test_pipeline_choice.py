@@ -89,13 +89,13 @@ def test_the_best_choice_counts_the_speedups_it_was_measured_on_top_of():
     first = changes["add codegen-fuse"]
     on_top = changes["add fuse-attention"].applied_to(first)
     alone = changes["drop bias-absorption"]
-    orphan = changes["add split-concat-linear"].applied_to(changes["drop residual-fp32"])  # its base record is gone
+    orphan = changes["drop split-concat-linear"].applied_to(changes["drop residual-fp32"])  # its base record is gone
     records = [_accepted(first, 2.0, 1.0), _accepted(on_top, 1.2, 2.0), _accepted(alone, 2.2, 3.0),
                _accepted(orphan, 2.3, 4.0)]
     for order in (records, records[::-1]):
         assert from_candidate(Candidate.from_dict(best_accepted(order).candidate)).change == "add fuse-attention"
     assert from_candidate(Candidate.from_dict(best_accepted(records[:1] + records[2:]).candidate)).change \
-        == "add split-concat-linear"
+        == "drop split-concat-linear"
     assert best_accepted([]) is None
 
 

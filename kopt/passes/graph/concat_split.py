@@ -14,19 +14,24 @@ once, by its own GEMM, and the MLP's GELU moves into ``proj_mlp``'s epilogue. Th
 ``sibling-merge`` (:attr:`runs_before`), which would otherwise merge ``proj_mlp`` into the Q/K/V GEMM
 that reads the same input, where only some of the columns take the GELU.
 
-Only where it saves bytes: the split trades writing and reading the concatenation (M × K) for each
-extra GEMM reading back the partial sum (M × N), so K must exceed (parts − 1) × N (FLUX.1: 15360
-against 3072; a timestep embedding's cat([sin, cos]) of 256 before a 3072-wide linear is left alone).
+Only where it saves bytes. A part that is a GEMM's or an elementwise op's output is written once and
+read once with or without the concatenation (Inductor fuses an elementwise part into the copy that
+writes the concatenation; split, the same op writes the part and the GEMM reads it), so the split alone
+saves nothing and adds a GEMM per part, each reading back the partial sum. What it saves is a part's
+producer moving into a GEMM's epilogue: the tanh GELU of a linear read by nothing else is then never
+written before the GELU (FLUX.1: 2 × tokens × 12288 bf16 per single-stream block). So at least one
+part must be such a GELU (FLUX.2's SwiGLU part is left alone), and the concatenation must be wider than
+the partial sums the extra GEMMs read back, K > (parts − 1) × N (FLUX.1: 15360 against 3072).
 
 Valid: a product distributes over a partition of its reduction dimension,
 ``cat([A, B]) @ Wt = A @ Wt[:ka] + B @ Wt[ka:]``. Contract: tolerance — each partial product is
 rounded to the dtype before the next GEMM adds to it (one more rounding per part than the single
 GEMM), and the epilogue applies the GELU to the float32 accumulator before its one rounding.
 
-Opt-in, not in ``"auto"``: the extra GEMM per part and the epilogue's cost against the copy it saves
-have not been measured end to end on a GPU; the agent's choice ``add split-concat-linear`` measures it
-per model. The weight slices are views of the original weight, so ``fp8-linear`` (which quantizes
-whole constant weights) leaves the split GEMMs in bf16: not for FP8 pipelines.
+In ``"auto"`` for bf16 (FLUX.1 full on an H200: 125.02 ms per forward against 126.54 without it,
+``benchmarks/results/dit-full-flux1-s31f.json``). Not in the FP8 pipeline: the weight slices are views
+of the original weight, so ``fp8-linear`` (which quantizes whole constant weights) would leave the
+split GEMMs in bf16.
 """
 
 from __future__ import annotations
@@ -98,12 +103,24 @@ def match(gemm: torch.fx.Node) -> ConcatLinear | str | None:
     if width is None or sum(widths) <= (len(parts) - 1) * width:  # type: ignore[arg-type]
         return (f"the concatenation ({sum(widths)} wide) is not wider than the partial sums the extra "  # type: ignore[arg-type]
                 f"GEMMs would read back ({len(parts) - 1} x {width}): splitting would move more bytes")
+    if not any(isinstance(p, torch.fx.Node) and _moves_into_epilogue(p) for p in parts):
+        return ("no part's producer moves into a GEMM epilogue (a tanh GELU of a linear read by nothing else): "
+                "each part is written and read once with or without the concatenation, so splitting would only "
+                "add GEMMs")
     rows = None
     if cat is not x:
         rows = list(x.args[1])
         if len(rows) != 2:
             return "the reshape does not give the GEMM's 2-D operand"
     return ConcatLinear(gemm, parts, widths, rows, bias, weight_t)  # type: ignore[arg-type]
+
+
+def _moves_into_epilogue(part: torch.fx.Node) -> bool:
+    """Whether ``part`` is the tanh GELU of a linear that a split would run in the linear's epilogue."""
+    if part.target is not aten.gelu.default or len(part.users) != 1:  # read elsewhere: the GEMM would run twice
+        return False
+    found = linear_gelu.match(part)
+    return found is not None and not isinstance(found, str)
 
 
 def _epilogue_part(graph: torch.fx.Graph, part: torch.fx.Node, ctx: PassContext, pass_name: str) -> torch.fx.Node:
