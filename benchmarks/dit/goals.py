@@ -8,7 +8,8 @@ For each model and precision: kopt's row (``kopt-regional`` / ``kopt-regional-co
 measured, else ``kopt-regional-fp8-attn``, else the whole-model ``kopt`` / ``kopt-fp8-attn``) against the
 fastest baseline of that precision (:func:`benchmarks.dit.summary.best_baselines`: torch.compile with
 CUDA-graph replay, or its replay bound where the forward cannot be recorded), its cold and warm compile
-time against the baseline's (warm from the latest file that measured it, named when it is another file),
+time against the baseline's (warm from the latest file that measured it, named when it is another file,
+with what Inductor's FX graph cache did where the run recorded it: :func:`warm_cache`),
 peak memory against eager's, and accuracy against the fp32 reference, each next to the goal:
 
 * speed: bf16 ≥ 5 % and FP8 ≥ 12 % faster than the best replaying baseline;
@@ -87,6 +88,22 @@ def _latest_warm(rows: Sequence[Mapping[str, Any]], kopt: Mapping[str, Any]) -> 
     return measured[-1] if measured else None
 
 
+def warm_cache(row: Mapping[str, Any] | None) -> str | None:
+    """What Inductor's FX graph cache did in a warm compile, from the row's notes (dit.py records the
+    child's counters): "2 hits", "2 misses", "1 hit, 1 miss"; None where the run did not record them.
+    A miss means the warm number is a cold lowering with warm kernel caches, not the warm compile the
+    goal means (a process whose settings changed a cache key: ``kopt.matmul_precision``)."""
+    prefix = "warm compile's Inductor caches: "
+    note = next((n for n in (row or {}).get("notes", []) if n.startswith(prefix)), None)
+    if note is None:
+        return None
+    counts = dict(item.rsplit(" ", 1) for item in note[len(prefix):].split(", "))
+    hits, misses = int(counts.get("fxgraph_cache_hit", 0)), int(counts.get("fxgraph_cache_miss", 0))
+    parts = [f"{n} {word}{'' if n == 1 else plural}" for n, word, plural in ((hits, "hit", "s"), (misses, "miss", "es"))
+             if n]
+    return ", ".join(parts) or "no lookups"
+
+
 def _eager_peak(rows: Sequence[Mapping[str, Any]], file: str) -> float | None:
     eager = [r for r in rows if r["variant"] == "eager"]
     same = [r for r in eager if r["file"] == file]
@@ -133,7 +150,7 @@ def _goal_row(model: str, precision: str, kopt: Mapping[str, Any], base: Mapping
         "warm_file": warm_row["file"] if warm_row and warm_row["file"] != kopt["file"] else None,
         "baseline_compile_s": base and base.get("compile_s"), "cold_ratio": cold_ratio,
         "cold_goal_met": None if cold_ratio is None else cold_ratio <= COLD_RATIO_GOAL,
-        "warm_goal_met": None if warm is None else warm <= WARM_GOAL_S,
+        "warm_goal_met": None if warm is None else warm <= WARM_GOAL_S, "warm_cache": warm_cache(warm_row),
         "peak_gb": peak, "peak_vs_eager": peak_ratio, "first_call_peak_gb": kopt.get("first_call_peak_gb"),
         "peak_goal_met": None if peak_ratio is None else peak_ratio <= PEAK_RATIO_GOAL,
         "rel_err": kopt.get("rel_err"), "eager_rel_err": kopt.get("eager_rel_err"), "cosine": kopt.get("cosine"),
@@ -153,6 +170,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         goal = SPEED_GOAL_PCT[r["precision"]]
         speed = f"{cell(r['gain_pct'], '+.1f')} % (≥ {goal:g} %: {_mark(r['speed_goal_met'])})"
         warm_from = f", {r['warm_file']}" if r.get("warm_file") else ""
+        if r.get("warm_cache"):
+            warm_from += f"; Inductor cache: {r['warm_cache']}"
         compile_text = (f"{cell(r['compile_s'], '.1f')} ({_mark(r['cold_goal_met'])} ≤ 1.5×) / "
                         f"{cell(r['warm_compile_s'], '.1f')} ({_mark(r['warm_goal_met'])} ≤ 10 s{warm_from}) "
                         f"({cell(r['baseline_compile_s'], '.1f')})")
