@@ -18,6 +18,7 @@ from kopt.agent.pipeline_choice import (
     PipelineChoice,
     best_accepted,
     from_candidate,
+    graph_region,
     output_checks,
     random_args,
     run_choice,
@@ -26,7 +27,7 @@ from kopt.agent.pipeline_choice import (
 from kopt.agent.propose.pipeline import attention_choices, base_pipeline, pass_choices
 from kopt.agent.sdpa_backend import SDPA_OP
 from kopt.passes.base import Contract
-from kopt.passes.pipeline import opt_in_passes
+from kopt.passes.pipeline import opt_in_passes, with_pass
 from kopt.reference import reference_forward
 from tests.agent.tiny_models import sigmoid_gelu_mlp, tiny_attention_block
 
@@ -231,3 +232,45 @@ def test_attention_choice_on_grouped_query_attention_runs_and_matches(monkeypatc
     assert sum(n.target is SDPA_OP for n in rewritten.graph.nodes) == 1
     checks = output_checks(graph.original, rewritten, random_args(graph.original, seed=5), choice.contract)
     assert checks and all(c["ok"] for c in checks) and 0 < checks[0]["rel_err"] < 1e-5
+
+
+def test_a_choice_measured_before_a_pass_joined_auto_applies_where_that_pass_changes_nothing(tmp_path):
+    """A newer kopt adds a pass to "auto": the KB's choices were measured against the older list. Where
+    the added pass leaves the graph unchanged, the old and new base run the same rewrites, so the choice
+    still applies (its note says so); where it changes the graph, the choice is declined with the reason.
+    Planted as an older kopt would have recorded them: base and choice without the added pass."""
+    from kopt.agent.auto_pipeline import added_to_base
+
+    model, _ = sigmoid_gelu_mlp()
+    fresh = torch.randn(2, 24, 32)
+    plain = kopt.compile(model, passes="auto", lower="eager", kb=False, check_lowering=False)
+    plain(fresh)
+    (graph,) = capture_graphs(model, (fresh,))
+    region = graph_region(graph.original)
+    signature = region.signature
+    base = tuple(base_pipeline())
+    assert added_to_base(base[:1] + base[2:], base) == [base[1]] and added_to_base(base, base[1:]) is None
+    cases = {"split-concat-linear": True, "bias-absorption": False}  # the added pass: changes nothing here?
+    assert _pass_record(plain, "split-concat-linear").total_matches == 0
+    assert _pass_record(plain, "bias-absorption").total_matches > 0
+    for added, applies in cases.items():
+        older = tuple(n for n in base if n != added)
+        choice = PipelineChoice(with_pass(older, "codegen-fuse"), older, change="add codegen-fuse")
+        planted = Candidate(signature, CandidateKind.PASS_CHOICE, json.dumps(choice.to_dict()),
+                            Contract.tolerance(1e-2), entry_point="pipeline", origin="test")
+        kb_path = tmp_path / f"older-{added}.sqlite"
+        with KnowledgeBase(kb_path) as kb:
+            kb.record_region(region, model="mlp")
+            kb.record_candidate(planted, status=Status.ACCEPTED, reason="planted: accepted by an older kopt",
+                                e2e=Measurement("speedup", 1.2, 1.1, 1.3, 20))
+        compiled = kopt.compile(model, passes="auto", lower="eager", kb=kb_path, check_lowering=False)
+        out = compiled(fresh)
+        select = _pass_record(compiled, "kb-pipeline")
+        if applies:
+            assert any("re-verified" in n and f"measured before {added} joined" in n for n in select.notes), select
+            assert _pass_record(compiled, "codegen-fuse").total_matches > 0  # the choice ran
+        else:
+            assert any(f"before {added} joined the base list" in m.reason for m in select.near_misses), select
+            assert _pass_record(compiled, "bias-absorption").total_matches > 0  # the base list ran
+            assert _pass_record(compiled, "codegen-fuse").total_matches == 0
+        assert _rel_err(out, reference_forward(model, fresh)) < 1e-5
