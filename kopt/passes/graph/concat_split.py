@@ -19,10 +19,10 @@ read once with or without the concatenation (Inductor fuses an elementwise part 
 writes the concatenation; split, the same op writes the part and the GEMM reads it), so the split alone
 saves nothing and adds a GEMM per part, each reading back the partial sum. What it saves is a part's
 producer moving into a GEMM's epilogue: the tanh GELU of a linear read by nothing else is then never
-written before the GELU (FLUX.1: tokens × 12288 bf16 values written and read once less per single-
-stream block). So at least one part must be such a GELU (FLUX.2's SwiGLU part is left alone), and the
-concatenation must be wider than the partial sums the extra GEMMs read back, K > (parts − 1) × N
-(FLUX.1: 15360 against 3072).
+written before the GELU (FLUX.1: tokens × 12288 bf16 values written and read once less per
+single-stream block). So at least one part must be such a GELU (FLUX.2's SwiGLU part is left alone),
+and the concatenation must be wider than the partial sums the extra GEMMs read back, K > (parts − 1) ×
+N (FLUX.1: 15360 against 3072).
 
 Valid: a product distributes over a partition of its reduction dimension,
 ``cat([A, B]) @ Wt = A @ Wt[:ka] + B @ Wt[ka:]``. Contract: tolerance — each partial product is
