@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from benchmarks.dit.goals import goal_rows, main
+from benchmarks.dit.warm_compile import caches_note
 
 
 def _row(variant: str, ms: float, compile_s: float, peak: float, **extra) -> dict:
@@ -111,7 +112,8 @@ def test_a_pair_from_one_process_outranks_a_preferred_row_compared_across_runs(t
 
 def test_the_warm_compiles_inductor_cache_lookups_are_shown_where_the_run_recorded_them(tmp_path):
     """A warm compile that missed Inductor's cache lowered its graphs cold: the table says so."""
-    note = "warm compile's Inductor caches: async_compile_cache_miss 20, fxgraph_cache_miss 2"
+    note = caches_note({"async_compile_cache_miss": 20, "fxgraph_cache_miss": 2})  # as dit.py writes it
+    assert note == "warm compile's Inductor caches: async_compile_cache_miss 20, fxgraph_cache_miss 2"
     missed = _write(tmp_path / "missed.json", [_row("torch.compile+graphs", 100.0, 10.0, 1.0),
                                                _row("kopt-regional", 95.0, 8.0, 1.0, warm_compile_s=7.2, notes=[note])])
     (row,) = goal_rows([missed])
@@ -119,7 +121,7 @@ def test_the_warm_compiles_inductor_cache_lookups_are_shown_where_the_run_record
     main([str(missed), "--out", str(tmp_path / "goals")])
     assert "7.2 (met ≤ 10 s; Inductor cache: 2 misses)" in (tmp_path / "goals.md").read_text()
     hit = _write(tmp_path / "hit.json", [_row("kopt-regional", 95.0, 8.0, 1.0, warm_compile_s=4.9, notes=[
-        "warm compile's Inductor caches: fxgraph_cache_hit 1, fxgraph_cache_miss 1"])])
+        caches_note({"fxgraph_cache_hit": 1, "fxgraph_cache_miss": 1})])])
     assert goal_rows([missed, hit])[0]["warm_cache"] == "1 hit, 1 miss"
     unrecorded = _write(tmp_path / "old.json", [_row("kopt-regional", 95.0, 8.0, 1.0, warm_compile_s=9.0)])
     assert goal_rows([missed, unrecorded])[0]["warm_cache"] is None

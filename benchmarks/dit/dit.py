@@ -53,7 +53,7 @@ from benchmarks.dit.measure import (
     synchronize,
 )
 from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, select
-from benchmarks.dit.warm_compile import NOT_COMPILED, in_fresh_process, needs_the_device_alone
+from benchmarks.dit.warm_compile import NOT_COMPILED, caches_note, in_fresh_process, needs_the_device_alone
 from kopt.kernels import _autotune
 from kopt.reference import ReferenceStats, reference_forward
 from kopt.workloads import Workload, get_workload
@@ -335,7 +335,7 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
     forward["warm_compile_s"] = result["compile_s"]
     caches = result.get("caches") or {}
     if caches:
-        forward["notes"].append("warm compile's Inductor caches: " + ", ".join(f"{k} {v}" for k, v in caches.items()))
+        forward["notes"].append(caches_note(caches))
     run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s"
             + (f"; Inductor caches: {caches}" if caches else ""))
     return state

@@ -37,6 +37,7 @@ if __package__ in (None, ""):
 
 from benchmarks.dit.results_io import cell  # noqa: E402
 from benchmarks.dit.summary import BASELINES, baseline_ms, peak_gb  # noqa: E402
+from benchmarks.dit.warm_compile import caches_in_notes  # noqa: E402
 
 # FP8: with the model's own code compiled where a run measured it (between_blocks="compiled": the code
 # between the blocks no longer rounds in bf16, which is what held FLUX.1's FP8 cosine under 0.999).
@@ -93,12 +94,10 @@ def warm_cache(row: Mapping[str, Any] | None) -> str | None:
     child's counters): "2 hits", "2 misses", "1 hit, 1 miss"; None where the run did not record them.
     A miss means the warm number is a cold lowering with warm kernel caches, not the warm compile the
     goal means (a process whose settings changed a cache key: ``kopt.matmul_precision``)."""
-    prefix = "warm compile's Inductor caches: "
-    note = next((n for n in (row or {}).get("notes", []) if n.startswith(prefix)), None)
-    if note is None:
+    counts = caches_in_notes((row or {}).get("notes", []))
+    if counts is None:
         return None
-    counts = dict(item.rsplit(" ", 1) for item in note[len(prefix):].split(", "))
-    hits, misses = int(counts.get("fxgraph_cache_hit", 0)), int(counts.get("fxgraph_cache_miss", 0))
+    hits, misses = counts.get("fxgraph_cache_hit", 0), counts.get("fxgraph_cache_miss", 0)
     parts = [f"{n} {word}{'' if n == 1 else plural}" for n, word, plural in ((hits, "hit", "s"), (misses, "miss", "es"))
              if n]
     return ", ".join(parts) or "no lookups"

@@ -138,6 +138,22 @@ def cache_counters() -> dict[str, int]:
     return {name: int(count) for name, count in sorted(counters["inductor"].items()) if "cache" in name}
 
 
+CACHES_NOTE = "warm compile's Inductor caches: "  # how a forward row's notes carry the warm child's counters
+
+
+def caches_note(caches: dict[str, int]) -> str:
+    """The note a forward row keeps of its warm compile's :func:`cache_counters`."""
+    return CACHES_NOTE + ", ".join(f"{name} {count}" for name, count in caches.items())
+
+
+def caches_in_notes(notes: list[str]) -> dict[str, int] | None:
+    """The counters :func:`caches_note` wrote into a row's notes; None where the run recorded none."""
+    note = next((n for n in notes if n.startswith(CACHES_NOTE)), None)
+    if note is None:
+        return None
+    return {name: int(count) for name, count in (item.rsplit(" ", 1) for item in note[len(CACHES_NOTE):].split(", "))}
+
+
 def in_fresh_process(model_name: str, variant_name: str, size: str, device: str, dtype: str,
                      timeout_s: float, log: Path | None = None) -> dict[str, Any]:
     """:func:`measure` in a child process; ``{"error": why}`` if it fails or runs past ``timeout_s``.
