@@ -1,13 +1,13 @@
 """TF32 off for a block of code, and every float32 precision setting exactly as it was afterwards.
 
-Why not ``allow_tf32 = False`` and back: each backend has an ``fp32_precision``
-setting, and the legacy flags write it without undoing: ``torch.backends.cuda.matmul.allow_tf32 =
+Why not ``allow_tf32 = False`` and back: each backend has an ``fp32_precision`` setting (torch 2.9
+and later), and the legacy flags write it without undoing: ``torch.backends.cuda.matmul.allow_tf32 =
 False`` moves it from "none" to "ieee", and setting the flag back leaves "ieee". Inductor keys its FX
 graph cache by that setting, so a process that had computed kopt's reference once compiled every later
 graph under another key than a fresh process would, and a second process (a restarted worker) found
 none of the first's graphs in the cache. Reading a legacy flag also raises once a user has set the new
-one. So where the new settings exist, only they are read and written: each is saved, TF32 is turned off
-through them, and each is written back, a parent before its children (a parent's write resets them).
+one. So only the new settings are read and written: each is saved, TF32 is turned off through them,
+and each is written back, a parent before its children (a parent's write resets them).
 """
 
 from __future__ import annotations
@@ -62,4 +62,3 @@ def full_precision_matmuls() -> Iterator[None]:
         yield
     finally:
         _restore(settings)
-
