@@ -152,6 +152,42 @@ def _unaliased(outs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list
     return [out if index in kept else out.clone() for index, out in enumerate(outs)]
 
 
+def _keys_a_dispatch_mode_excludes() -> int:
+    """The dispatch keys (raw bits) that a call coming through a dispatch mode has excluded and a plain
+    call of the op does not: every key above ``Python`` but autograd's (a plain call's implementation
+    runs below autograd too) and autocast's (a mode excludes them too, which a plain call does only
+    while autocast is off: a block called through a mode under autocast runs without it)."""
+    full_after_python = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python).raw_repr()
+    above_python = torch._C._dispatch_keyset_full().raw_repr() & ~full_after_python
+    excluded = 0
+    for bit in range(64):
+        key = 1 << bit
+        if above_python & key and not any(name in str(torch._C.DispatchKeySet.from_raw_repr(key))
+                                          for name in ("Autograd", "Autocast")):
+            excluded |= key
+    return excluded
+
+
+_MODE_EXCLUDED = _keys_a_dispatch_mode_excludes()
+
+
+def _as_a_plain_call() -> contextlib.AbstractContextManager[Any]:
+    """The dispatch context a plain call of the op gives its implementation, whichever way it came.
+
+    A dispatch mode that sees the op runs the implementation with every key above ``Python`` excluded
+    (AOTAutograd runs a compiled graph's first call under one: its check that custom ops do not alias).
+    A block that first compiled there was not rewritten (kopt's capture traces the block with its own
+    modes, which those exclusions switch off: it failed, and the block ran Inductor's code of the graph
+    as written), and compiled again for plain calls (dynamo guards its inputs' dispatch keys). Valid
+    because the implementation runs below autograd either way, and the keys put back are the ones a
+    plain call has."""
+    excluded = torch._C._dispatch_tls_local_exclude_set().raw_repr()
+    if not excluded & _MODE_EXCLUDED:
+        return contextlib.nullcontext()
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                           torch._C.DispatchKeySet.from_raw_repr(excluded & ~_MODE_EXCLUDED))
+
+
 @torch.library.custom_op("kopt::opaque_block", mutates_args=())
 def opaque_block(handle: int, variant: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the block ``handle`` on the call ``variant`` rebuilt from ``tensors`` (module docstring)."""
@@ -165,7 +201,8 @@ def opaque_block(handle: int, variant: int, tensors: list[torch.Tensor]) -> list
     elif _AS_WRITTEN.get():  # inside a compile's own checks: no compile of the block inside it
         out = block._kopt_forward(*args, **kwargs)
     else:
-        out = block._kopt_compiled(*args, **kwargs)
+        with _as_a_plain_call():
+            out = block._kopt_compiled(*args, **kwargs)
     return _unaliased(_outputs(handle, variant, out), tensors)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kopt
 from kopt.opaque_blocks import CALLS_BLOCKS, holds_opaque_blocks, is_opaque
@@ -122,6 +123,42 @@ def test_outputs_that_alias_an_input_or_each_other_are_copied():
         compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
         assert torch.allclose(compiled(x), eager, rtol=1e-6, atol=1e-6)
         compiled.undo()
+    assert _untouched(model)
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that sees every op and changes nothing, as AOTAutograd's aliasing check on a
+    compiled graph's first call does."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_block_first_called_under_a_dispatch_mode_is_rewritten_and_compiles_once():
+    """Under a dispatch mode the op's implementation runs with every key above ``Python`` excluded; the
+    block runs in a plain call's context all the same, so kopt's capture (its own modes) rewrites it,
+    and dynamo's guards on the inputs' dispatch keys hold for plain calls after it: one compile. (A
+    second process whose first call came through AOTAutograd's aliasing check ran the block
+    unrewritten, and compiled it again for plain calls.)"""
+    model, inputs = _flux1()
+    block = model.transformer_blocks[0]
+    seen: dict[str, object] = {}
+    hook = block.register_forward_pre_hook(lambda _, a, k: seen.update(args=a, kwargs=k), with_kwargs=True)
+    with torch.no_grad():
+        model(**inputs)
+        hook.remove()
+        args, kwargs = seen["args"], seen["kwargs"]
+        exact = reference_forward(block, *args, **kwargs)
+        compiled = kopt.compile(model, regional=True, lower="eager", between_blocks="compiled", progress=False)
+        with _PassThrough():
+            moded = block(*args, **kwargs)  # the block's first call, and its compile
+        plain = block(*args, **kwargs)
+    (graph,) = compiled.kopt_report.graphs
+    assert graph.fallback is None and sum(p.total_matches for p in graph.passes) > 0
+    for out in (moded, plain):
+        for got, want in zip(out, exact, strict=True):
+            assert rel_err(got, want) < 1e-5
+    compiled.undo()
     assert _untouched(model)
 
 
