@@ -19,6 +19,8 @@ candidate (``triton.testing.do_bench``, median) and keeps the fastest; later lau
   and the Triton version, and a shipped config that is no longer a candidate is tuned again.
 * Candidates run on scratch outputs, so tuning never touches the caller's buffers (which may alias
   the inputs, e.g. an in-place residual update); the caller then launches the chosen config once.
+* A new shape's candidates are compiled side by side first (:mod:`kopt.kernels._precompile`), then
+  timed one by one.
 * The timer is injectable (``Tuner(timer=...)``): tests check selection and caching on the CPU.
 """
 
@@ -205,7 +207,7 @@ class Tuner:
             elif not self.can_time(device):  # e.g. capturing a CUDA graph with this shape never run before
                 return self._record(kernel, default)
             else:
-                config, timings = self._tune(kernel, key, candidates, make_runner())
+                config, timings = self._tune(kernel, key, candidates, make_runner(), device)
                 self._entries[full_key] = {"config": config, "timings_ms": timings}
                 self._save()
                 choice = Choice(config, "tuned", timings, config_name(candidates[0]))
@@ -218,11 +220,15 @@ class Tuner:
         return dict(choice.config)
 
     def _tune(
-        self, kernel: str, key: str, candidates: list[Config], run: Callable[[Config], object]
+        self, kernel: str, key: str, candidates: list[Config], run: Callable[[Config], object],
+        device: torch.device,
     ) -> tuple[Config, dict[str, float]]:
+        from kopt.kernels._precompile import precompile
+
         timer = self._timer or _do_bench_ms
         timings: dict[str, float] = {}
         start = time.perf_counter()
+        workers = precompile(candidates, run, device) if device.type == "cuda" else 1
         for config in candidates:
             try:
                 ms = float(timer(lambda config=config: run(config)))
@@ -231,8 +237,8 @@ class Tuner:
                 ms = math.inf
             timings[config_name(config)] = ms
         best = min(candidates, key=lambda c: timings[config_name(c)])  # ties: the earlier (default first)
-        log.info("autotune: %s [%s]: %d configs in %.1f s, chose %s", kernel, key, len(candidates),
-                 time.perf_counter() - start, config_name(best))
+        log.info("autotune: %s [%s]: %d configs in %.1f s (compiled in %d threads), chose %s", kernel, key,
+                 len(candidates), time.perf_counter() - start, workers, config_name(best))
         return best, timings
 
     # --------------------------------------------------------------------------------- disk cache
