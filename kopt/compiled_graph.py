@@ -290,6 +290,9 @@ class CompiledGraph:
             if options.strict:
                 raise
             self.report.fallback = f"capture failed: {type(error).__name__}: {error}"
+            # a failure kopt did not expect: in the log too, where a run's progress is read
+            log.warning("graph %d: %s; lowering the graph as dynamo traced it", self.report.index,
+                        self.report.fallback)
             return None
         self._traced = {str(n.target) for n in captured.graph_module.graph.nodes if n.op == "get_attr"}
         self.report.hazards = self._hazards(captured, example_inputs)

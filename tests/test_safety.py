@@ -98,17 +98,20 @@ def _explode(*args, **kwargs):
     raise RuntimeError("deliberate capture/lowering failure")
 
 
-def test_capture_failure_falls_back_to_the_original_graph(monkeypatch):
-    """Even a crash in kopt's own capture leaves the model running, with the reason reported."""
+def test_capture_failure_falls_back_to_the_original_graph(monkeypatch, caplog):
+    """Even a crash in kopt's own capture leaves the model running, with the reason reported and
+    logged as a warning (a run's log shows it without the report)."""
     import kopt.backend
 
     monkeypatch.setattr(kopt.compiled_graph, "capture", _explode)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
     compiled = kopt.compile(model, lower="eager")
     x = torch.randn(3, 8)
-    with torch.no_grad():
+    with torch.no_grad(), caplog.at_level("WARNING", logger="kopt"):
         assert torch.equal(compiled(x), model(x))
     assert "capture failed: RuntimeError: deliberate" in compiled.kopt_report.graphs[0].fallback
+    assert any("capture failed: RuntimeError: deliberate" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)
 
 
 def test_lowering_failure_falls_back_and_strict_raises(monkeypatch):
