@@ -441,6 +441,17 @@ def test_warm_compile_runs_the_variant_again_in_a_fresh_process(tmp_path):
     assert "graph 0: capturing" in log.read_text()  # kopt's progress, for where the time went
 
 
+def test_a_sampled_warm_compile_in_a_fresh_process_logs_where_its_time_went(tmp_path):
+    """``dit.py --warm-sample N``: the child samples its stack and its log ends with the report."""
+    from benchmarks.dit.warm_compile import in_fresh_process
+
+    log = tmp_path / "log-warm.txt"
+    result = in_fresh_process("flux1", "kopt-eager", "tiny", "cpu", "fp32", timeout_s=240, log=log, sample_top=5)
+    assert "error" not in result, result
+    text = log.read_text()
+    assert "==== stack samples ====" in text and "graph 0: capturing" in text
+
+
 def test_warm_compile_counts_inductors_cache_lookups():
     """A graph Inductor lowers is looked up in its FX graph cache: a hit, a miss or a bypass is counted."""
     from benchmarks.dit.warm_compile import cache_counters

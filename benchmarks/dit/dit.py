@@ -119,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="after each compiled variant (or only those named, comma-separated), compile it "
                              "again in a fresh process (warm caches) and record that time as the forward "
                              "row's warm_compile_s")
+    parser.add_argument("--warm-sample", type=int, default=0, metavar="N",
+                        help="with --warm-compile: the child samples its stack every 5 ms and its log "
+                             "(log-warm-<model>-<variant>-<tag>.txt) ends with the N functions with the most "
+                             "samples: where a warm compile inside this run spends its time")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.size = args.size or ("full" if args.device == "cuda" else "tiny")
@@ -325,7 +329,7 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
         free_compiled_state(run.device)
     log = Path(run.args.out) / f"log-warm-{name}-{variant.name}{'-' + run.args.tag if run.args.tag else ''}.txt"
     result = in_fresh_process(name, variant.name, run.setup.size, str(run.device), run.args.dtype, timeout_s=left,
-                              log=log)
+                              log=log, sample_top=run.args.warm_sample)
     if alone:
         state = rebuild_model(run, state, why="after the warm compile")
     if "error" in result:
@@ -336,6 +340,8 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
     caches = result.get("caches") or {}
     if caches:
         forward["notes"].append(caches_note(caches))
+    if run.args.warm_sample > 0:
+        forward["notes"].append(f"warm compile sampled (stack every 5 ms): {log.name}")
     run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s"
             + (f"; Inductor caches: {caches}" if caches else ""))
     return state

@@ -155,11 +155,15 @@ def caches_in_notes(notes: list[str]) -> dict[str, int] | None:
 
 
 def in_fresh_process(model_name: str, variant_name: str, size: str, device: str, dtype: str,
-                     timeout_s: float, log: Path | None = None) -> dict[str, Any]:
+                     timeout_s: float, log: Path | None = None, sample_top: int = 0) -> dict[str, Any]:
     """:func:`measure` in a child process; ``{"error": why}`` if it fails or runs past ``timeout_s``.
-    ``log``: where the child's stderr goes (kopt's progress: what the warm compile spent its time on)."""
+    ``log``: where the child's stderr goes (kopt's progress: what the warm compile spent its time on);
+    ``sample_top`` > 0: the child samples its stack (``--sample``) and the log ends with where its
+    time went."""
     command = [sys.executable, str(Path(__file__).resolve()), "--model", model_name, "--variant", variant_name,
                "--size", size, "--device", device, "--dtype", dtype]
+    if sample_top > 0:
+        command += ["--sample", str(sample_top)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as timed_out:
