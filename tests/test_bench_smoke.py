@@ -438,6 +438,7 @@ def test_warm_compile_runs_the_variant_again_in_a_fresh_process(tmp_path):
     assert "error" not in result, result
     assert result["variant"] == "kopt-eager" and result["compile_s"] > 0 and result["median_ms"] > 0
     assert isinstance(result["caches"], dict)  # Inductor's cache counters (none: kopt-eager lowers no graph)
+    assert result["device_memory"] is None  # the allocator's activity is a CUDA device's
     assert "graph 0: capturing" in log.read_text()  # kopt's progress, for where the time went
 
 
@@ -450,6 +451,18 @@ def test_a_sampled_warm_compile_in_a_fresh_process_logs_where_its_time_went(tmp_
     assert "error" not in result, result
     text = log.read_text()
     assert "==== stack samples ====" in text and "graph 0: capturing" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA caching allocator's counters")
+def test_warm_compile_reports_the_allocators_activity_on_a_gpu():
+    from benchmarks.dit.warm_compile import allocator_activity, device_free_gb
+
+    device = torch.device("cuda")
+    free = device_free_gb(device)
+    activity = allocator_activity(device, free)
+    assert free is not None and free > 0 and activity["free_gb_before_compile"] == round(free, 2)
+    assert all(activity[k] >= 0 for k in ("alloc_retries", "device_allocs", "device_frees"))
 
 
 def test_warm_compile_counts_inductors_cache_lookups():

@@ -340,6 +340,9 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
     caches = result.get("caches") or {}
     if caches:
         forward["notes"].append(caches_note(caches))
+    memory = result.get("device_memory")
+    if memory:
+        forward["notes"].append("warm compile's device memory: " + ", ".join(f"{k} {v}" for k, v in memory.items()))
     if run.args.warm_sample > 0:
         forward["notes"].append(f"warm compile sampled (stack every 5 ms): {log.name}")
     run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s"

@@ -11,7 +11,8 @@ launch-config cache), because the run that spawns this process compiled the same
 Builds the workload's model with the benchmark's seed, prepares the variant as
 ``benchmarks/dit/dit.py`` does, and times the first call against a normal call exactly like the
 cold row (:class:`benchmarks.dit.measure.Timing`). Prints one JSON line, last:
-``{"model", "variant", "compile_s", "first_call_s", "median_ms", "caches"}`` (:func:`cache_counters`).
+``{"model", "variant", "compile_s", "first_call_s", "median_ms", "caches", "device_memory"}``
+(:func:`cache_counters`, :func:`allocator_activity`).
 
 ``--sample N`` samples the thread's stack every 5 ms while it compiles and runs the timed calls
 (:mod:`benchmarks.tools.stack_sampler`) and writes the N functions with the most samples, on the
@@ -122,12 +123,34 @@ def measure(model_name: str, variant_name: str, size: str, device: str, dtype: s
         model(**inputs)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
+        free_before = device_free_gb(torch.device(device))
         with profiled(profile_top), sampled(sample_top):
             prepared = variant.prepare(model, setup)
             timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
                                   warmup=1, repeats=3)
     return dict(model=model_name, variant=variant_name, compile_s=timing.compile_s,
-                first_call_s=timing.first_call_s, median_ms=timing.median_ms, caches=cache_counters())
+                first_call_s=timing.first_call_s, median_ms=timing.median_ms, caches=cache_counters(),
+                device_memory=allocator_activity(torch.device(device), free_before))
+
+
+def device_free_gb(device: torch.device) -> float | None:
+    """The device's free memory in GB (what other processes leave this one), None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0] / 1e9
+
+
+def allocator_activity(device: torch.device, free_before_gb: float | None) -> dict[str, float] | None:
+    """What the caching allocator had to do during the compile and timed calls: the device's free
+    memory when the compile began, device allocations and frees (``cudaMalloc`` / ``cudaFree``) and
+    retries after an allocation failed (each one frees every cached block and synchronizes). A warm
+    compile that runs short of memory beside another process shows it here. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {"free_gb_before_compile": round(free_before_gb or 0.0, 2),
+            "alloc_retries": stats.get("num_alloc_retries", 0),
+            "device_allocs": stats.get("num_device_alloc", 0), "device_frees": stats.get("num_device_free", 0)}
 
 
 def cache_counters() -> dict[str, int]:
