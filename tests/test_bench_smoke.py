@@ -460,8 +460,12 @@ def test_warm_compile_reports_the_allocators_activity_on_a_gpu():
 
     device = torch.device("cuda")
     free = device_free_gb(device)
+    before = torch.cuda.memory_stats(device).get("num_device_alloc", 0)
+    block = torch.empty(256 << 20, dtype=torch.uint8, device=device)  # a new segment: one cudaMalloc at least
     activity = allocator_activity(device, free)
+    del block
     assert free is not None and free > 0 and activity["free_gb_before_compile"] == round(free, 2)
+    assert activity["device_allocs"] >= before + 1
     assert all(activity[k] >= 0 for k in ("alloc_retries", "device_allocs", "device_frees"))
 
 
