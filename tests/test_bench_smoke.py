@@ -439,6 +439,8 @@ def test_warm_compile_runs_the_variant_again_in_a_fresh_process(tmp_path):
     assert result["variant"] == "kopt-eager" and result["compile_s"] > 0 and result["median_ms"] > 0
     assert isinstance(result["caches"], dict)  # Inductor's cache counters (none: kopt-eager lowers no graph)
     assert result["device_memory"] is None  # the allocator's activity is a CUDA device's
+    assert result["host"]["cores"] >= 1 and result["host"]["host_available_gb"] > 0
+    assert isinstance(result["host"]["settings"], dict)  # the compile-related environment it inherited
     assert "graph 0: capturing" in log.read_text()  # kopt's progress, for where the time went
 
 

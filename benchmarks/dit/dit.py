@@ -343,6 +343,10 @@ def measure_warm_compile(run: Run, state: ModelState, variant: Variant) -> Model
     memory = result.get("device_memory")
     if memory:
         forward["notes"].append("warm compile's device memory: " + ", ".join(f"{k} {v}" for k, v in memory.items()))
+    host = result.get("host")
+    if host:
+        forward["notes"].append(f"warm compile's host: {host['cores']} cores, load {host['load_1min']}, "
+                                f"{host['host_available_gb']} GB available, settings {host['settings']}")
     if run.args.warm_sample > 0:
         forward["notes"].append(f"warm compile sampled (stack every 5 ms): {log.name}")
     run.log(f"  {name} {variant.name} warm compile (fresh process, warm disk caches): {result['compile_s']:.1f} s"

@@ -11,8 +11,8 @@ launch-config cache), because the run that spawns this process compiled the same
 Builds the workload's model with the benchmark's seed, prepares the variant as
 ``benchmarks/dit/dit.py`` does, and times the first call against a normal call exactly like the
 cold row (:class:`benchmarks.dit.measure.Timing`). Prints one JSON line, last:
-``{"model", "variant", "compile_s", "first_call_s", "median_ms", "caches", "device_memory"}``
-(:func:`cache_counters`, :func:`allocator_activity`).
+``{"model", "variant", "compile_s", "first_call_s", "median_ms", "caches", "device_memory", "host"}``
+(:func:`cache_counters`, :func:`allocator_activity`, :func:`host_context`).
 
 ``--sample N`` samples the thread's stack every 5 ms while it compiles and runs the timed calls
 (:mod:`benchmarks.tools.stack_sampler`) and writes the N functions with the most samples, on the
@@ -31,6 +31,7 @@ import cProfile
 import io
 import json
 import logging
+import os
 import pstats
 import subprocess
 import sys
@@ -124,13 +125,33 @@ def measure(model_name: str, variant_name: str, size: str, device: str, dtype: s
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         free_before = device_free_gb(torch.device(device))
+        host = host_context()
         with profiled(profile_top), sampled(sample_top):
             prepared = variant.prepare(model, setup)
             timing, _ = benchmark(stepping_forward(workload, prepared.fn, inputs), torch.device(device),
                                   warmup=1, repeats=3)
     return dict(model=model_name, variant=variant_name, compile_s=timing.compile_s,
                 first_call_s=timing.first_call_s, median_ms=timing.median_ms, caches=cache_counters(),
-                device_memory=allocator_activity(torch.device(device), free_before))
+                device_memory=allocator_activity(torch.device(device), free_before), host=host)
+
+
+# The settings a parent passes to its child that change how a compile runs: caches, threads, debug.
+_SETTINGS = ("TORCH", "TRITON", "KOPT", "CUDA", "OMP_", "MKL_", "PYTORCH")
+
+
+def host_context() -> dict[str, Any]:
+    """What this process got from its host and parent: the cores it may run on (an affinity mask is
+    inherited, and Inductor sizes its compile pool by it), the load average, the host memory
+    available, and the compile-related environment. A child slower than a standalone process with
+    the same script shows the difference here."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    available = None
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        line = next(row for row in Path("/proc/meminfo").read_text().splitlines() if row.startswith("MemAvailable:"))
+        available = round(int(line.split()[1]) / 1e6, 1)
+    settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_SETTINGS)}
+    return {"cores": cores, "load_1min": load, "host_available_gb": available, "settings": settings}
 
 
 def device_free_gb(device: torch.device) -> float | None:
