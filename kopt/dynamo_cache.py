@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from kopt.unit_strides import with_canonical_unit_strides
+
 ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 _serial = itertools.count()
 
@@ -96,11 +98,13 @@ def compile_blocks_isolated(blocks: list[torch.nn.Module], backend: Callable[...
     ``torch.compile`` of a function with a new code object serves every block (each block calls it
     with itself as the first argument): its cache belongs to this compilation, and one block's graph
     still serves the others of its class, since under ``inline_inbuilt_nn_modules`` a block is an
-    input of the frame, guarded by type and parameter shapes, not by identity.
+    input of the frame, guarded by type and parameter shapes, not by identity, and its tensor
+    arguments' size-1 strides are made canonical (:mod:`kopt.unit_strides`).
 
     ``within``: a context every call of these blocks runs in, so that what they compile can tell them
     from other blocks (an FP8 selection of their own: :mod:`kopt.fp8.per_block`)."""
-    compiled = compile_fresh(call_module, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
+    compiled = with_canonical_unit_strides(compile_fresh(call_module, "blocks", backend, fullgraph=fullgraph,
+                                                         dynamic=dynamic))
     for block in blocks:
         block._compiled_call_impl = (functools.partial(compiled, block) if within is None
                                      else functools.partial(call_within, within, compiled, block))

@@ -42,6 +42,7 @@ from torch import nn
 
 from kopt.dynamo_cache import call_module, call_within, compile_fresh
 from kopt.fake_block_outputs import call_key, recalled, remember, remembering
+from kopt.unit_strides import with_canonical_unit_strides
 
 _handles = itertools.count()
 _AS_WRITTEN: contextvars.ContextVar[bool] = contextvars.ContextVar("kopt_blocks_as_written", default=False)
@@ -313,7 +314,8 @@ def compile_with_opaque_blocks(model: nn.Module, blocks: list[nn.Module], backen
     runs in (an FP8 selection: :mod:`kopt.fp8.per_block`)."""
     if any(block is model for block in blocks):
         raise ValueError("the model itself is one of its repeated blocks: there is no code between blocks")
-    compiled_block = compile_fresh(_call_kept_forward, "blocks", backend, fullgraph=fullgraph, dynamic=dynamic)
+    compiled_block = with_canonical_unit_strides(compile_fresh(_call_kept_forward, "blocks", backend,
+                                                               fullgraph=fullgraph, dynamic=dynamic))
     if within is not None:
         compiled_block = functools.partial(call_within, within, compiled_block)
     for block in blocks:

@@ -62,7 +62,9 @@ def test_the_models_code_is_one_graph_with_a_call_per_block_whatever_the_depth()
         counts.append(sum("opaque_block" not in o for o in ops))  # the blocks' own graphs
         compiled.undo()
         assert _untouched(model)
-    assert counts[0] == 2 and counts[1] <= 3, counts  # one per class (a class may compile twice: its guards)
+    # one per class: FLUX.1's later single blocks take slices whose batch stride differs, and compile no
+    # second graph (kopt.unit_strides)
+    assert counts == [2, 2], counts
 
 
 def test_flux1s_guidance_is_scaled_without_eagers_rounding():

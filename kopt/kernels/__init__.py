@@ -17,6 +17,7 @@ On the CPU the Triton code is tested by calling the launcher under ``TRITON_INTE
 Packaged as ``kopt.kernels`` (see pyproject.toml).
 """
 
-from kopt.kernels._triton_cache import share_inductor_triton_cache
+from kopt.kernels._triton_cache import share_inductor_ptxas, share_inductor_triton_cache
 
 share_inductor_triton_cache()
+share_inductor_ptxas()
