@@ -33,14 +33,15 @@ from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedE
 from kopt.fx.aliasing import writes_in_place
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
+from kopt.fx.reference_stage import ReferencePrecisionStage, runs_in_reference_precision
 from kopt.fx.roles import InputRole, classify_inputs
-from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, split_stages
+from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, StageSplit, split_stages
 from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.fx.weights import WeightBinding, bind_weights
 from kopt.lower import INDUCTOR_PATCHES_KEY, lower
 from kopt.opaque_blocks import CALLS_BLOCKS, holds_opaque_blocks
 from kopt.passes.base import Contract, ContractKind
-from kopt.passes.graph.staging import HOIST_KEY
+from kopt.passes.graph.staging import HOIST_COST_KEY, HOIST_KEY
 from kopt.passes.manager import run_passes
 from kopt.progress import first_call_shows_progress, show_progress
 from kopt.release import (
@@ -237,8 +238,8 @@ class CompiledGraph:
             return self._replayed(self._lower(graph_module, user_args, lowering), user_args, static)
         keys = [user_args[i] for i in split.key_positions]
         hoisted = list(split.invariant(*[concrete(k) for k in keys]))
-        log.info("graph %d: lowering the step-invariant stage", self.report.index)
-        invariant = self._lower(split.invariant, keys, lowering)
+        invariant = self._lower_invariant(split.invariant, keys, hoisted, self._invariant_cost(graph_module, split,
+                                                                                              user_args), lowering)
         log.info("graph %d: lowering the per-call stage", self.report.index)
         lowered_main = self._lower(split.main, user_args + hoisted, lowering)
         main = self._replayed(lowered_main, user_args + hoisted, static)
@@ -249,6 +250,32 @@ class CompiledGraph:
         self.staged = StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo,
                                     weight_positions=split.weight_positions, both=both)
         return self.staged
+
+    @staticmethod
+    def _invariant_cost(graph_module: torch.fx.GraphModule, split: StageSplit,
+                        user_args: list[Any]) -> tuple[float, int] | None:
+        """(GEMM FLOPs, bytes of weights) of the step-invariant stage: the constants the staging pass
+        counted and the weights it reads as inputs."""
+        cost = graph_module.meta.get(HOIST_COST_KEY)
+        if cost is None:
+            return None
+        flops, constant_bytes = cost
+        weights = [user_args[i] for i in split.weight_positions]
+        return flops, constant_bytes + sum(w.numel() * w.element_size() for w in weights if isinstance(w, torch.Tensor))
+
+    def _lower_invariant(self, invariant: torch.fx.GraphModule, keys: list[Any], hoisted: list[Any],
+                         cost: tuple[float, int] | None, lowering: Lowering) -> Callable[..., Any]:
+        """The step-invariant stage: lowered as the rest, or where Inductor would lower a small one,
+        computed op by op in the reference's precision (:mod:`kopt.fx.reference_stage`)."""
+        if lowering is Lowering.INDUCTOR and cost is not None and runs_in_reference_precision(*cost):
+            flops, constant_bytes = cost
+            note = (f"step-invariant stage ({flops / 1e6:,.1f} MFLOP of GEMMs, {constant_bytes / 2**20:,.1f} MiB of "
+                    "constants) computed op by op in the reference's precision, not lowered")
+            self.report.passes[-1].notes.append(note)
+            log.info("graph %d: %s", self.report.index, note)
+            return ReferencePrecisionStage(invariant, like=hoisted)
+        log.info("graph %d: lowering the step-invariant stage", self.report.index)
+        return self._lower(invariant, keys, lowering)
 
     def _lower(self, graph_module: torch.fx.GraphModule, inputs: list[Any], lowering: Lowering) -> Callable[..., Any]:
         """``graph_module`` lowered; symbolic graphs with fakes of their symbols (one kernel set for every size)."""

@@ -25,6 +25,7 @@ from kopt.fx.symbolic import static_int
 from kopt.passes.base import Contract, Pass, PassContext
 
 HOIST_KEY = "kopt_hoist"  # graph_module.meta entry: names of the values the hoisted stage returns
+HOIST_COST_KEY = "kopt_hoist_cost"  # graph_module.meta entry: (GEMM FLOPs, bytes of constants) of that stage
 MAX_FOLD_BYTES = 1 << 30  # a constant bigger than this is left to be computed per call
 
 
@@ -131,6 +132,7 @@ class BindingTimeStaging(Pass):
         weights = [constant_value(n) for n in hoisted if n.op == "get_attr"]
         weight_bytes = sum(w.numel() * w.element_size() for w in weights if w is not None)
         count = len([n for n in hoisted if n.op == "call_function"])
+        graph_module.meta[HOIST_COST_KEY] = (flops, weight_bytes)
         ctx.notes.append(f"hoisted {count} step-invariant nodes ({flops / 1e6:,.1f} MFLOP of GEMMs reading "
                          f"{weight_bytes / 2**20:,.1f} MiB of constants, skipped on a memo hit) behind "
                          f"{len(frontier)} values, memoized on the values of {', '.join(keys)}")

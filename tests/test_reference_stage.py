@@ -1,0 +1,71 @@
+"""A small step-invariant stage is computed op by op in the reference's precision instead of being lowered
+by Inductor (``kopt/fx/reference_stage.py``): its outputs are the reference's rounded once, in the dtypes
+and layouts the per-call stage was compiled for, and a stage too large for that is lowered as before."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import kopt
+from kopt.fx.reference_stage import (
+    MAX_CONSTANT_BYTES,
+    MAX_GEMM_FLOPS,
+    ReferencePrecisionStage,
+    runs_in_reference_precision,
+)
+from kopt.reference import reference_forward
+from tests.conftest import rel_err
+from tests.test_opaque_blocks import _flux1
+
+
+def _embedding(guidance: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLUX.1's guidance path in miniature: the value rounded to bf16, scaled by 1000, into a sinusoid and
+    a linear; a transposed output, so the layout given back matters."""
+    scaled = guidance.to(torch.bfloat16) * 1000
+    freqs = torch.exp(-math.log(10000) * torch.arange(16, dtype=torch.float32) / 16)
+    phases = scaled[:, None].float() * freqs[None, :]
+    features = torch.cat([torch.sin(phases), torch.cos(phases)], dim=-1).to(torch.bfloat16)
+    return features @ weight, features.t()
+
+
+def test_outputs_are_the_references_rounded_once_in_the_layout_of_the_working_precision():
+    graph_module = torch.fx.symbolic_trace(_embedding)
+    guidance = 3.0 + torch.rand(3)  # 3000..4000 after the scale: bf16's step there is 16
+    weight = torch.randn(32, 8, dtype=torch.bfloat16)
+    working = graph_module(guidance, weight)
+    stage = ReferencePrecisionStage(graph_module, like=working)
+    outs = stage(guidance, weight)
+    # the same computation without any rounding, in float64
+    phases = (guidance.double() * 1000)[:, None] * torch.exp(-math.log(10000) * torch.arange(16).double() / 16)
+    features = torch.cat([torch.sin(phases), torch.cos(phases)], dim=-1)
+    for out, like, want in zip(outs, working, (features @ weight.double(), features.t()), strict=True):
+        assert out.dtype == like.dtype and out.shape == like.shape and out.stride() == like.stride()
+        assert rel_err(out, want) <= 2 ** -8  # one rounding to bf16
+    # eager's product rounded to bf16 before the sinusoid is far off at these magnitudes
+    assert rel_err(working[1], features.t()) > 10 * rel_err(outs[1], features.t())
+
+
+def test_only_a_small_stage_skips_the_lowering():
+    assert runs_in_reference_precision(3.1e6, 21 << 20)  # FLUX.1's
+    assert not runs_in_reference_precision(MAX_GEMM_FLOPS * 2, 0)  # a whole model's modulation GEMMs
+    assert not runs_in_reference_precision(0, MAX_CONSTANT_BYTES + 1)
+
+
+def test_a_compiled_models_small_stage_is_computed_in_reference_precision_and_said_so():
+    """Tiny FLUX.1 with its own code compiled by Inductor: the guidance and position tables' stage runs in
+    the reference's precision; the output stays several times closer to float32 than eager's."""
+    model, inputs = _flux1(dtype=torch.bfloat16)
+    with torch.no_grad():
+        exact = reference_forward(model, **inputs)[0]
+        eager = model(**inputs)[0]
+        compiled = kopt.compile(model, regional=True, between_blocks="compiled", progress=False)
+        first, again = compiled(**inputs)[0], compiled(**inputs)[0]  # a memo miss, then a hit
+    (outer,) = [g for g in compiled.kopt_report.graphs if g.memo is not None]
+    notes = [n for p in outer.passes for n in p.notes]
+    assert any("computed op by op in the reference's precision, not lowered" in n for n in notes), notes
+    assert outer.memo.hits >= 1 and outer.lowering_check is not None and outer.lowering_check.ok
+    assert rel_err(again, first) < 1e-3  # the memo's hit gives the stage's values back
+    assert rel_err(first, exact) * 4 < rel_err(eager, exact)
+    compiled.undo()
