@@ -38,6 +38,7 @@ from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, StageSplit, split_stages
 from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
 from kopt.fx.weights import WeightBinding, bind_weights
+from kopt.kernel_warmup import warm_up_kernels
 from kopt.lower import INDUCTOR_PATCHES_KEY, lower
 from kopt.opaque_blocks import CALLS_BLOCKS, holds_opaque_blocks
 from kopt.passes.base import Contract, ContractKind
@@ -115,6 +116,8 @@ class CompiledGraph:
                  self.report.capture_seconds, options.lower.value)
         first = FirstCall(self.dynamo_graph, [concrete(value) for value in example_inputs],  # sizes as on this call
                           {r.index for r in roles if r.role is Role.CONSTANT})
+        if rewritten is not None:  # its kernels compiled side by side before its first run (just below)
+            warm_up_kernels(rewritten.graph_module, _device_of(first.inputs), self.report.index)
         if rewritten is not None and self._verified(first, rewritten):
             binding = None
             try:
@@ -537,3 +540,8 @@ class CompiledGraph:
 
 def _discarded(*args: Any) -> Any:
     raise RuntimeError("kopt: this graph belongs to a kopt.compile'd module that was garbage-collected")
+
+
+def _device_of(inputs: Sequence[Any]) -> torch.device:
+    """Where a graph runs: the device of its first GPU tensor input, else the CPU."""
+    return next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda), torch.device("cpu"))

@@ -26,6 +26,7 @@ candidate (``triton.testing.do_bench``, median) and keeps the fastest; later lau
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,7 +35,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,8 @@ import triton
 
 log = logging.getLogger("kopt")  # one line per tuning at INFO
 
-__all__ = ["TUNER", "Choice", "Config", "Tuner", "block_candidates", "choose", "config_name", "launch_tuned",
-           "pow2_bucket", "shape_key"]
+__all__ = ["TUNER", "Choice", "ChoiceUnknown", "Config", "Tuner", "block_candidates", "choose", "config_name",
+           "known_choices_only", "launch_tuned", "pow2_bucket", "shape_key"]
 
 Config = dict[str, int]
 Timer = Callable[[Callable[[], object]], float]
@@ -204,6 +205,8 @@ class Tuner:
             cached = [c for c in candidates if entry is not None and c == entry["config"]]
             if cached:  # a config that is no longer a candidate (the kernel changed) is tuned again
                 choice = Choice(cached[0], source, dict(entry.get("timings_ms", {})), config_name(candidates[0]))
+            elif _KNOWN_ONLY.active:
+                raise ChoiceUnknown(f"{kernel} [{key}]: no choice yet; tuning times alone, later")
             elif not self.can_time(device):  # e.g. capturing a CUDA graph with this shape never run before
                 return self._record(kernel, default)
             else:
@@ -284,6 +287,30 @@ class Tuner:
 
 
 TUNER = Tuner()
+
+
+class ChoiceUnknown(RuntimeError):
+    """Raised by a launch under :func:`known_choices_only` that would have to tune first."""
+
+
+class _KnownChoicesOnly(threading.local):
+    active = False
+
+
+_KNOWN_ONLY = _KnownChoicesOnly()
+
+
+@contextlib.contextmanager
+def known_choices_only() -> Iterator[None]:
+    """In this thread, a launch whose config is not known yet (not chosen in this process, cached or
+    shipped) raises :class:`ChoiceUnknown` instead of tuning: launches made ahead of time, side by
+    side (:mod:`kopt.kernel_warmup`), must not time candidates while other kernels run."""
+    before = _KNOWN_ONLY.active
+    _KNOWN_ONLY.active = True
+    try:
+        yield
+    finally:
+        _KNOWN_ONLY.active = before
 
 
 def choose(
