@@ -20,7 +20,7 @@ from kopt.kernel_warmup import (
     within_memory,
 )
 from kopt.kernels._autotune import ChoiceUnknown, Tuner, known_choices_only
-from tests.conftest import tiny_with_more_blocks
+from tests.conftest import rel_err, tiny_with_more_blocks
 
 CPU = torch.device("cpu")
 
@@ -111,3 +111,19 @@ def _known_only_elsewhere() -> bool:
     from kopt.kernels._autotune import _KNOWN_ONLY
 
     return _KNOWN_ONLY.active
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_compile_launches_its_kernels_ahead_and_computes_the_same(caplog):
+    workload, model = tiny_with_more_blocks("flux2", extra=1)
+    device = torch.device("cuda")
+    model = model.to(device, torch.bfloat16)
+    inputs = workload.inputs("tiny", device=device, dtype=torch.bfloat16, seed=5)
+    with torch.no_grad():
+        want = model(**inputs)[0]
+        with caplog.at_level("INFO", logger="kopt"):
+            got = kopt.compile(model, regional=True, progress=False)(**inputs)[0]
+    ahead = [r.getMessage() for r in caplog.records if "launched ahead" in r.getMessage()]
+    assert ahead and any(not m.split("graph ")[1].split(": ")[1].startswith("0 of") for m in ahead), ahead
+    assert rel_err(got, want) < 2e-2
