@@ -116,14 +116,20 @@ def _known_only_elsewhere() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_a_compile_launches_its_kernels_ahead_and_computes_the_same(caplog):
-    workload, model = tiny_with_more_blocks("flux2", extra=1)
+    """The first compile tunes the tiny shapes' kernels at its first run (nothing known to launch ahead);
+    a second compile of the same shapes finds the choices and launches its kernels ahead."""
     device = torch.device("cuda")
-    model = model.to(device, torch.bfloat16)
-    inputs = workload.inputs("tiny", device=device, dtype=torch.bfloat16, seed=5)
-    with torch.no_grad():
-        want = model(**inputs)[0]
-        with caplog.at_level("INFO", logger="kopt"):
-            got = kopt.compile(model, regional=True, progress=False)(**inputs)[0]
-    ahead = [r.getMessage() for r in caplog.records if "launched ahead" in r.getMessage()]
-    assert ahead and any(not m.split("graph ")[1].split(": ")[1].startswith("0 of") for m in ahead), ahead
-    assert rel_err(got, want) < 2e-2
+    launched = []
+    for _ in range(2):
+        workload, model = tiny_with_more_blocks("flux2", extra=1)
+        model = model.to(device, torch.bfloat16)
+        inputs = workload.inputs("tiny", device=device, dtype=torch.bfloat16, seed=5)
+        caplog.clear()
+        with torch.no_grad():
+            want = model(**inputs)[0]
+            with caplog.at_level("INFO", logger="kopt"):
+                got = kopt.compile(model, regional=True, progress=False)(**inputs)[0]
+        assert rel_err(got, want) < 2e-2
+        lines = [r.getMessage() for r in caplog.records if "launched ahead" in r.getMessage()]
+        launched.append(sum(int(line.split(": ", 1)[1].split(" of ")[0]) for line in lines))
+    assert launched[1] > 0, launched
