@@ -272,11 +272,20 @@ class CompiledGraph:
         computed op by op in the reference's precision (:mod:`kopt.fx.reference_stage`)."""
         if lowering is Lowering.INDUCTOR and cost is not None and runs_in_reference_precision(*cost):
             flops, constant_bytes = cost
-            note = (f"step-invariant stage ({flops / 1e6:,.1f} MFLOP of GEMMs, {constant_bytes / 2**20:,.1f} MiB of "
-                    "constants) computed op by op in the reference's precision, not lowered")
+            stage = ReferencePrecisionStage(invariant, like=hoisted)
+            what = (f"step-invariant stage ({flops / 1e6:,.1f} MFLOP of GEMMs, {constant_bytes / 2**20:,.1f} MiB of "
+                    "constants)")
+            try:  # once on this call's values: an op the reference's precision cannot run is found here
+                stage(*[concrete(k) for k in keys])
+            except Exception as error:  # noqa: BLE001 - lowered as any other stage instead
+                note = (f"{what} lowered: computing it in the reference's precision failed "
+                        f"({type(error).__name__}: {str(error).splitlines()[0][:160]})")
+            else:
+                note = f"{what} computed op by op in the reference's precision, not lowered"
+                self.report.passes[-1].notes.append(note)
+                log.info("graph %d: %s", self.report.index, note)
+                return stage
             self.report.passes[-1].notes.append(note)
-            log.info("graph %d: %s", self.report.index, note)
-            return ReferencePrecisionStage(invariant, like=hoisted)
         log.info("graph %d: lowering the step-invariant stage", self.report.index)
         return self._lower(invariant, keys, lowering)
 

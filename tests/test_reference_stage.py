@@ -69,3 +69,24 @@ def test_a_compiled_models_small_stage_is_computed_in_reference_precision_and_sa
     assert rel_err(again, first) < 1e-3  # the memo's hit gives the stage's values back
     assert rel_err(first, exact) * 4 < rel_err(eager, exact)
     compiled.undo()
+
+
+def test_a_stage_the_reference_precision_cannot_run_is_lowered_as_before_and_said_so():
+    """On the CPU the reference computes in float64, and an FP8 GEMM's activation scale computed in the
+    stage would reach ``_scaled_mm`` as float64, which it refuses: the stage is lowered by Inductor as
+    any other, the report says why, and the output is right."""
+    from kopt.fp8 import Fp8Config, QualityGate
+    from kopt.workloads import get_workload
+
+    workload = get_workload("flux2")
+    torch.manual_seed(0)
+    model = workload.model("tiny")
+    inputs = workload.inputs("tiny", seed=2)
+    config = Fp8Config(granularity="row", min_features=16, gate=QualityGate(min_cosine=0.99, min_sqnr_db=18))
+    with torch.no_grad():
+        want = model(**inputs)[0]
+        compiled = kopt.compile(model, fp8=config, progress=False)
+        got = compiled(**inputs)[0]
+    notes = [n for g in compiled.kopt_report.graphs for p in g.passes for n in p.notes]
+    assert any("lowered: computing it in the reference's precision failed" in n for n in notes), notes
+    assert torch.nn.functional.cosine_similarity(got.flatten().double(), want.flatten().double(), dim=0) > 0.99

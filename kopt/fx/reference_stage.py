@@ -6,11 +6,13 @@ embedding. When it is small (a few embedding MLPs and sinusoids, FLUX.1's 102 no
 weights), what Inductor gives it is not worth what it costs: lowering FLUX.1's took 9 s of a 37 s
 cold compile on an H100 and 2.5 s of an 11 s warm one, for a stage that runs in microseconds either
 way. Here it runs as the reference computation does (:func:`kopt.reference.run_reference`: every
-op in float32 on a GPU, weights upcast op by op) and its outputs are rounded once to the dtypes and
-layouts the per-call stage was compiled for.
+op in float32 on a GPU, weights upcast op by op), but for kopt's kernels and FP8 ops, which run as
+rewritten, on their inputs in the dtypes the graph recorded (:func:`runs_as_recorded`), and its
+outputs are rounded once to the dtypes and layouts the per-call stage was compiled for.
 
-Valid because the outputs are the reference's values rounded once, at least as close to the
-reference as any lowering in the working precision: eager's ``guidance.to(bf16) * 1000`` rounding
+Valid because every op but those computes the reference's values and rounds once, at the end, so
+the outputs are at least as close to the reference as any lowering in the working precision:
+eager's ``guidance.to(bf16) * 1000`` rounding
 (3500 -> 3504 before a sinusoid, :mod:`kopt.fx.precision_hazards`) does not happen, as in Inductor's
 fused kernel. What it costs: the stage's weights upcast per run (at most :data:`MAX_CONSTANT_BYTES`)
 and its ops unfused; bounded by both limits below, it stays far below a millisecond.
@@ -44,8 +46,44 @@ class ReferencePrecisionStage:
         self.layouts = [(t.dtype, t.shape, t.stride()) if isinstance(t, torch.Tensor) else None for t in like]
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
-        outs = run_reference(self.graph_module, *args)
+        outs = run_reference(_AsRecordedWhereQuantized(self.graph_module).run, *args)
         return tuple(_laid_out(out, layout) for out, layout in zip(outs, self.layouts, strict=True))
+
+
+def runs_as_recorded(node: torch.fx.Node) -> bool:
+    """Whether ``node`` runs in the dtypes the graph recorded, outside the reference's upcasting: kopt's
+    own kernels (written for the working precision) and any op that takes or makes float8 values (an
+    FP8 GEMM takes float32 scales, which the reference's float64 on the CPU would refuse). Their
+    inputs are rounded back to the recorded dtypes; what follows them computes in the reference's."""
+    target = node.target
+    if node.op != "call_function":
+        return False
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "kopt":
+        return True
+    values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    return any(isinstance(v, torch.Tensor) and v.dtype in _FLOAT8 for v in values)
+
+
+_FLOAT8 = {getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+           if hasattr(torch, name)}
+
+
+class _AsRecordedWhereQuantized(torch.fx.Interpreter):
+    """The graph run under the reference's mode, except :func:`runs_as_recorded` nodes, which run with
+    the mode set aside on their inputs in the recorded dtypes."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if not runs_as_recorded(n):
+            return super().run_node(n)
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), self._as_recorded)
+        with torch.utils._python_dispatch._disable_current_modes():
+            return n.target(*args, **kwargs)
+
+    def _as_recorded(self, node: torch.fx.Node) -> Any:
+        value, recorded = self.env[node], node.meta.get("val")
+        if isinstance(value, torch.Tensor) and isinstance(recorded, torch.Tensor) and value.dtype != recorded.dtype:
+            return value.to(recorded.dtype)
+        return value
 
 
 def _laid_out(out: Any, layout: tuple[torch.dtype, torch.Size, tuple[int, ...]] | None) -> Any:
