@@ -269,19 +269,19 @@ class CompiledGraph:
     def _lower_invariant(self, invariant: torch.fx.GraphModule, keys: list[Any], hoisted: list[Any],
                          cost: tuple[float, int] | None, lowering: Lowering) -> Callable[..., Any]:
         """The step-invariant stage: lowered as the rest, or where Inductor would lower a small one,
-        computed op by op in the reference's precision (:mod:`kopt.fx.reference_stage`)."""
+        computed op by op in float32 (:mod:`kopt.fx.reference_stage`)."""
         if lowering is Lowering.INDUCTOR and cost is not None and runs_in_reference_precision(*cost):
             flops, constant_bytes = cost
             stage = ReferencePrecisionStage(invariant, like=hoisted)
             what = (f"step-invariant stage ({flops / 1e6:,.1f} MFLOP of GEMMs, {constant_bytes / 2**20:,.1f} MiB of "
                     "constants)")
-            try:  # once on this call's values: an op the reference's precision cannot run is found here
+            try:  # once on this call's values: an op that cannot run so is found here
                 stage(*[concrete(k) for k in keys])
             except Exception as error:  # noqa: BLE001 - lowered as any other stage instead
-                note = (f"{what} lowered: computing it in the reference's precision failed "
+                note = (f"{what} lowered: computing it op by op in float32 failed "
                         f"({type(error).__name__}: {str(error).splitlines()[0][:160]})")
             else:
-                note = f"{what} computed op by op in the reference's precision, not lowered"
+                note = f"{what} computed op by op in float32, not lowered"
                 self.report.passes[-1].notes.append(note)
                 log.info("graph %d: %s", self.report.index, note)
                 return stage

@@ -167,7 +167,8 @@ def test_regional_compilation_frees_every_blocks_quantized_weights():
 
 class _SlicingBlock(torch.nn.Module):
     """FLUX.1's single-stream form: text and image joined, then returned as slices of one tensor, so
-    that the second block is called with views of other strides and dynamo compiles the class again."""
+    that at batch 2 the second block is called with views of other strides and dynamo compiles the
+    class again (at batch 1 the stride that differs is a size-1 dimension's: :mod:`kopt.unit_strides`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -197,7 +198,7 @@ def test_a_block_class_compiled_twice_serves_released_blocks_from_the_other_grap
     of failing to quantize freed weights (FLUX.1 on the H200, s18b), and computes what keeping does."""
     torch.manual_seed(0)
     model = _Slicing().to(torch.bfloat16)
-    x, c = torch.randn(1, 24, 32, dtype=torch.bfloat16), torch.randn(1, 8, 32, dtype=torch.bfloat16)
+    x, c = torch.randn(2, 24, 32, dtype=torch.bfloat16), torch.randn(2, 8, 32, dtype=torch.bfloat16)
     with torch.no_grad():
         exact = reference_forward(model, x, c)
     fp8 = Fp8Config(min_features=16)

@@ -1,21 +1,23 @@
-"""A small step-invariant stage computed op by op in the reference's precision, not lowered by Inductor.
+"""A small step-invariant stage computed op by op in float32, not lowered by Inductor.
 
 The step-invariant stage (:mod:`kopt.passes.graph.staging`) runs once per distinct value of its
 inputs: once per prompt for FLUX.1's guidance and position tables, once per step for a timestep
-embedding. When it is small (a few embedding MLPs and sinusoids, FLUX.1's 102 nodes reading 21 MiB of
+embedding. When it is small (a few embedding MLPs and sinusoids, FLUX.1's 102 nodes reading 42 MiB of
 weights), what Inductor gives it is not worth what it costs: lowering FLUX.1's took 9 s of a 37 s
 cold compile on an H100 and 2.5 s of an 11 s warm one, for a stage that runs in microseconds either
-way. Here it runs as the reference computation does (:func:`kopt.reference.run_reference`: every
-op in float32 on a GPU, weights upcast op by op), but for kopt's kernels and FP8 ops, which run as
-rewritten, on their inputs in the dtypes the graph recorded (:func:`runs_as_recorded`), and its
-outputs are rounded once to the dtypes and layouts the per-call stage was compiled for.
+way. Here it runs under the reference's machinery (:func:`kopt.reference.run_reference`, weights
+upcast op by op) in float32: every bf16 or fp16 op computes in float32, as in Inductor's kernels,
+while float32 and float64 ops, the model's own explicit choices, stay as written. kopt's kernels and
+FP8 ops run as rewritten, on their inputs in the dtypes the graph recorded
+(:func:`runs_as_recorded`). The outputs are rounded once to the dtypes (and, at the recorded sizes,
+the strides) the per-call stage was compiled for.
 
-Valid because every op but those computes the reference's values and rounds once, at the end, so
-the outputs are at least as close to the reference as any lowering in the working precision:
-eager's ``guidance.to(bf16) * 1000`` rounding
-(3500 -> 3504 before a sinusoid, :mod:`kopt.fx.precision_hazards`) does not happen, as in Inductor's
-fused kernel. What it costs: the stage's weights upcast per run (at most :data:`MAX_CONSTANT_BYTES`)
-and its ops unfused; bounded by both limits below, it stays far below a millisecond.
+Valid because every other op computes what Inductor's fused kernels compute, in float32 with one
+rounding at the end: eager's ``guidance.to(bf16) * 1000`` rounding (3500 -> 3504 before a sinusoid,
+:mod:`kopt.fx.precision_hazards`) does not happen, as in Inductor's kernel, and a float32 model's
+stage computes exactly what it computes eagerly. What it costs: the stage's low-precision weights
+upcast per run (at most :data:`MAX_CONSTANT_BYTES`) and its ops unfused; bounded by both limits
+below, it stays far below a millisecond.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ MAX_GEMM_FLOPS = 1e9  # GEMM work in float32: FLUX.1's 3.1 MFLOP; 1 GFLOP is wel
 
 
 def runs_in_reference_precision(gemm_flops: float, constant_bytes: int) -> bool:
-    """Whether a step-invariant stage this small is computed op by op in the reference's precision."""
+    """Whether a step-invariant stage this small is computed op by op in float32."""
     return gemm_flops <= MAX_GEMM_FLOPS and constant_bytes <= MAX_CONSTANT_BYTES
 
 
 class ReferencePrecisionStage:
-    """``graph_module(*args)`` computed in the reference's precision; each output rounded to the dtype,
+    """``graph_module(*args)`` computed in float32 (module docstring); each output rounded to the dtype,
     shape and strides of ``like`` (what the stage gives in the working precision, and what the next
     stage was compiled for)."""
 
@@ -46,15 +48,15 @@ class ReferencePrecisionStage:
         self.layouts = [(t.dtype, t.shape, t.stride()) if isinstance(t, torch.Tensor) else None for t in like]
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
-        outs = run_reference(_AsRecordedWhereQuantized(self.graph_module).run, *args)
+        outs = run_reference(_AsRecordedWhereQuantized(self.graph_module).run, *args, dtype=torch.float32)
         return tuple(_laid_out(out, layout) for out, layout in zip(outs, self.layouts, strict=True))
 
 
 def runs_as_recorded(node: torch.fx.Node) -> bool:
     """Whether ``node`` runs in the dtypes the graph recorded, outside the reference's upcasting: kopt's
     own kernels (written for the working precision) and any op that takes or makes float8 values (an
-    FP8 GEMM takes float32 scales, which the reference's float64 on the CPU would refuse). Their
-    inputs are rounded back to the recorded dtypes; what follows them computes in the reference's."""
+    FP8 GEMM takes its scales in exactly the dtype it was given). Their inputs are rounded back to the
+    recorded dtypes; what follows them computes in float32 again."""
     target = node.target
     if node.op != "call_function":
         return False
@@ -87,9 +89,13 @@ class _AsRecordedWhereQuantized(torch.fx.Interpreter):
 
 
 def _laid_out(out: Any, layout: tuple[torch.dtype, torch.Size, tuple[int, ...]] | None) -> Any:
+    """``out`` in the recorded dtype; at the recorded sizes, in the recorded strides too (a size that
+    varies, under dynamic shapes, keeps the layout the computation gave: strides are then not fixed)."""
     if layout is None or not isinstance(out, torch.Tensor):
         return out
     dtype, shape, stride = layout
-    if out.dtype == dtype and out.stride() == stride:
-        return out
-    return torch.empty_strided(shape, stride, dtype=dtype, device=out.device).copy_(out)
+    if out.dtype != dtype:
+        out = out.to(dtype)
+    if out.shape == shape and out.stride() != stride and 0 not in stride:
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=out.device).copy_(out)
+    return out
