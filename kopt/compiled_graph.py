@@ -32,8 +32,8 @@ from kopt.cuda_graphs import CudaGraphRunner, CudaGraphStats
 from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedError
 from kopt.fx.aliasing import writes_in_place
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
+from kopt.fx.float32_stage import Float32Stage, computed_in_float32
 from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
-from kopt.fx.reference_stage import ReferencePrecisionStage, runs_in_reference_precision
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, StageSplit, split_stages
 from kopt.fx.symbolic import concrete, dynamo_shape_env, guards_since, lowering_examples
@@ -269,10 +269,10 @@ class CompiledGraph:
     def _lower_invariant(self, invariant: torch.fx.GraphModule, keys: list[Any], hoisted: list[Any],
                          cost: tuple[float, int] | None, lowering: Lowering) -> Callable[..., Any]:
         """The step-invariant stage: lowered as the rest, or where Inductor would lower a small one,
-        computed op by op in float32 (:mod:`kopt.fx.reference_stage`)."""
-        if lowering is Lowering.INDUCTOR and cost is not None and runs_in_reference_precision(*cost):
+        computed op by op in float32 (:mod:`kopt.fx.float32_stage`)."""
+        if lowering is Lowering.INDUCTOR and cost is not None and computed_in_float32(*cost):
             flops, constant_bytes = cost
-            stage = ReferencePrecisionStage(invariant, like=hoisted)
+            stage = Float32Stage(invariant, like=hoisted)
             what = (f"step-invariant stage ({flops / 1e6:,.1f} MFLOP of GEMMs, {constant_bytes / 2**20:,.1f} MiB of "
                     "constants)")
             try:  # once on this call's values: an op that cannot run so is found here

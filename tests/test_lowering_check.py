@@ -63,7 +63,7 @@ def test_a_broken_lowering_is_caught_and_the_graph_runs_as_fx(monkeypatch, broke
     # both stages through the broken lowering (a small step-invariant stage otherwise skips it): the term
     # dropped there moves the output well past the bound, where one dropped in the per-call stage's
     # three residual adds stays within bf16's
-    monkeypatch.setattr(kopt.compiled_graph, "runs_in_reference_precision", lambda *cost: False)
+    monkeypatch.setattr(kopt.compiled_graph, "computed_in_float32", lambda *cost: False)
     compiled = kopt.compile(model)  # lower="inductor": checked by default
     with torch.no_grad():
         output = compiled(**inputs)[0]

@@ -29,16 +29,16 @@ import torch
 
 from kopt.reference import run_reference
 
-MAX_CONSTANT_BYTES = 64 << 20  # weights the stage reads: FLUX.1's 21 MiB; a whole model's modulation GEMMs are GBs
+MAX_CONSTANT_BYTES = 64 << 20  # weights the stage reads: FLUX.1's 42 MiB; a whole model's modulation GEMMs are GBs
 MAX_GEMM_FLOPS = 1e9  # GEMM work in float32: FLUX.1's 3.1 MFLOP; 1 GFLOP is well under a millisecond on a GPU
 
 
-def runs_in_reference_precision(gemm_flops: float, constant_bytes: int) -> bool:
+def computed_in_float32(gemm_flops: float, constant_bytes: int) -> bool:
     """Whether a step-invariant stage this small is computed op by op in float32."""
     return gemm_flops <= MAX_GEMM_FLOPS and constant_bytes <= MAX_CONSTANT_BYTES
 
 
-class ReferencePrecisionStage:
+class Float32Stage:
     """``graph_module(*args)`` computed in float32 (module docstring); each output rounded to the dtype,
     shape and strides of ``like`` (what the stage gives in the working precision, and what the next
     stage was compiled for)."""

@@ -1,5 +1,5 @@
 """A small step-invariant stage is computed op by op in float32 instead of being lowered by Inductor
-(``kopt/fx/reference_stage.py``): low-precision ops compute in float32 and the outputs are rounded once,
+(``kopt/fx/float32_stage.py``): low-precision ops compute in float32 and the outputs are rounded once,
 in the dtypes and layouts the per-call stage was compiled for; a float32 model's explicit choices stay
 as written; a stage too large, or one that cannot be computed so, is lowered as before."""
 
@@ -10,11 +10,11 @@ import math
 import torch
 
 import kopt
-from kopt.fx.reference_stage import (
+from kopt.fx.float32_stage import (
     MAX_CONSTANT_BYTES,
     MAX_GEMM_FLOPS,
-    ReferencePrecisionStage,
-    runs_in_reference_precision,
+    Float32Stage,
+    computed_in_float32,
 )
 from kopt.reference import reference_forward
 from tests.conftest import rel_err
@@ -36,7 +36,7 @@ def test_low_precision_ops_compute_in_float32_and_round_once_in_the_working_layo
     guidance = 3.0 + torch.rand(3)  # 3000..4000 after the scale: bf16's step there is 16
     weight = torch.randn(32, 8, dtype=torch.bfloat16)
     working = graph_module(guidance, weight)
-    stage = ReferencePrecisionStage(graph_module, like=working)
+    stage = Float32Stage(graph_module, like=working)
     outs = stage(guidance, weight)
     # the same computation without any rounding, in float64
     phases = (guidance.double() * 1000)[:, None] * torch.exp(-math.log(10000) * torch.arange(16).double() / 16)
@@ -61,7 +61,7 @@ def test_a_float32_stage_computes_what_it_computes_eagerly():
     graph_module = torch.fx.symbolic_trace(_sinusoid)
     timestep = 0.5 + torch.rand(4)
     (working,) = graph_module(timestep)
-    (out,) = ReferencePrecisionStage(graph_module, like=[working])(timestep)
+    (out,) = Float32Stage(graph_module, like=[working])(timestep)
     assert out.dtype == torch.float32 and rel_err(out, working) < 1e-6
     # what computing it in float64 (the reference's dtype on the CPU) would give instead
     phases = (timestep.double() * 1000)[:, None] * torch.exp(-math.log(10000) * torch.arange(16).double() / 16)
@@ -70,14 +70,14 @@ def test_a_float32_stage_computes_what_it_computes_eagerly():
 
 
 def test_only_a_small_stage_skips_the_lowering():
-    assert runs_in_reference_precision(3.1e6, 21 << 20)  # FLUX.1's
-    assert not runs_in_reference_precision(MAX_GEMM_FLOPS * 2, 0)  # a whole model's modulation GEMMs
-    assert not runs_in_reference_precision(0, MAX_CONSTANT_BYTES + 1)
+    assert computed_in_float32(3.1e6, 21 << 20)  # FLUX.1's
+    assert not computed_in_float32(MAX_GEMM_FLOPS * 2, 0)  # a whole model's modulation GEMMs
+    assert not computed_in_float32(0, MAX_CONSTANT_BYTES + 1)
 
 
-def test_a_compiled_models_small_stage_is_computed_in_reference_precision_and_said_so():
+def test_a_compiled_models_small_stage_is_computed_in_float32_and_said_so():
     """Tiny FLUX.1 with its own code compiled by Inductor: the guidance and position tables' stage runs in
-    the reference's precision; the output stays several times closer to float32 than eager's."""
+    float32; the output stays several times closer to the float32 reference than eager's."""
     model, inputs = _flux1(dtype=torch.bfloat16)
     with torch.no_grad():
         exact = reference_forward(model, **inputs)[0]
@@ -97,13 +97,13 @@ def test_a_stage_that_cannot_be_computed_so_is_lowered_as_before_and_said_so(mon
     """An op the reference's machinery refuses (a bit reinterpretation of a float, an in-place write
     into a stored low-precision tensor: ``ReferenceUnavailable``) is found by the trial run at compile
     time: the stage is lowered by Inductor as any other, the report says why, the output is right."""
-    import kopt.fx.reference_stage
+    import kopt.fx.float32_stage
     from kopt.reference import ReferenceUnavailable
 
     def refused(*args, **kwargs):
         raise ReferenceUnavailable("aten.view.dtype reinterprets the bits of a bfloat16 tensor")
 
-    monkeypatch.setattr(kopt.fx.reference_stage, "run_reference", refused)
+    monkeypatch.setattr(kopt.fx.float32_stage, "run_reference", refused)
     model, inputs = _flux1(dtype=torch.bfloat16)
     with torch.no_grad():
         exact = reference_forward(model, **inputs)[0]
