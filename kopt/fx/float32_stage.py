@@ -4,7 +4,7 @@ The step-invariant stage (:mod:`kopt.passes.graph.staging`) runs once per distin
 inputs: once per prompt for FLUX.1's guidance and position tables, once per step for a timestep
 embedding. When it is small (a few embedding MLPs and sinusoids, FLUX.1's 102 nodes reading 42 MiB of
 weights), what Inductor gives it is not worth what it costs: lowering FLUX.1's took 9 s of a 37 s
-cold compile on an H100 and 2.5 s of an 11 s warm one, for a stage that runs in microseconds either
+cold compile on an H100 and 2.7 s of an 11.1 s warm one, for a stage that runs in microseconds either
 way. Here it runs under the reference's machinery (:func:`kopt.reference.run_reference`, weights
 upcast op by op) in float32: every bf16 or fp16 op computes in float32, as in Inductor's kernels,
 while float32 and float64 ops, the model's own explicit choices, stay as written. kopt's kernels and
