@@ -31,14 +31,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from kopt.cuda_graphs import capturing
 from kopt.kernels._autotune import known_choices_only
-from kopt.kernels._precompile import _as_the_caller, worker_count
+from kopt.kernels._precompile import side_by_side
 
 log = logging.getLogger("kopt")
 
@@ -163,18 +162,7 @@ def warm_up_kernels(graph_module: torch.fx.GraphModule, device: torch.device, gr
 
 def launch_side_by_side(calls: list[torch.fx.Node], device: torch.device, threads: int | None = None,
                         launch: Callable[[torch.fx.Node], bool] = _launch) -> tuple[int, int]:
-    """``launch`` each call: the first in this thread, the others in up to ``threads`` threads (default
-    :func:`kopt.kernels._precompile.worker_count`) in this thread's device, stream and modes; (calls
+    """``launch`` each call, side by side (:func:`kopt.kernels._precompile.side_by_side`); (calls
     launched, threads used)."""
-    workers = worker_count(len(calls)) if threads is None else max(1, min(threads, len(calls)))
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-
-    def in_worker(node: torch.fx.Node) -> bool:
-        with _as_the_caller(device, stream, grad, inference):
-            return launch(node)
-
-    launched = [launch(calls[0])]
-    with ThreadPoolExecutor(workers, thread_name_prefix="kopt-warmup") as pool:
-        launched += pool.map(in_worker, calls[1:])
-    return sum(launched), workers
+    results, workers = side_by_side(calls, launch, device, threads, name="kopt-warmup")
+    return sum(bool(r) for r in results), workers

@@ -22,10 +22,13 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
 Config = dict[str, int]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def worker_count(candidates: int) -> int:
@@ -64,19 +67,37 @@ def precompile(candidates: Sequence[Config], run: Callable[[Config], object], de
     ``threads`` threads (default: :func:`worker_count`), so that their JIT compiles overlap; returns
     the number of workers used (1: nothing done, the timing loop compiles). A candidate that raises
     is left to the timing loop, which records its failure."""
-    rest = list(candidates[1:])
-    workers = worker_count(len(rest)) if threads is None else max(1, min(threads, len(rest)))
+    workers = worker_count(len(candidates) - 1) if threads is None else max(1, min(threads, len(candidates) - 1))
     if workers <= 1:
         return 1
+    return side_by_side(candidates, run, device, workers, name="kopt-autotune")[1]
+
+
+def side_by_side(items: Sequence[T], run: Callable[[T], R], device: torch.device, threads: int | None = None,
+                 name: str = "kopt-launch") -> tuple[list[R | None], int]:
+    """``run`` each of ``items``: the first alone in this thread (what is built once per kernel signature
+    and process is built before threads share it), the others in up to ``threads`` threads (default
+    :func:`worker_count`) named ``name``, each in this thread's device, stream, grad and inference
+    modes. Returns the results in order (None for an item whose run raised) and the threads used."""
+    if not items:
+        return [], 0
+    rest = list(items[1:])
+    workers = worker_count(len(rest)) if threads is None else max(1, min(threads, len(rest)))
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
-    def first_launch(config: Config) -> None:
-        with _as_the_caller(device, stream, grad, inference), contextlib.suppress(Exception):
-            run(config)
+    def quietly(item: T) -> R | None:
+        try:
+            return run(item)
+        except Exception:  # noqa: BLE001 - the caller's own run meets the same failure where it handles it
+            return None
 
-    with contextlib.suppress(Exception):
-        run(candidates[0])
-    with ThreadPoolExecutor(workers, thread_name_prefix="kopt-autotune") as pool:
-        list(pool.map(first_launch, rest))
-    return workers
+    def in_worker(item: T) -> R | None:
+        with _as_the_caller(device, stream, grad, inference):
+            return quietly(item)
+
+    results = [quietly(items[0])]
+    if rest:
+        with ThreadPoolExecutor(workers, thread_name_prefix=name) as pool:
+            results += pool.map(in_worker, rest)
+    return results, workers
