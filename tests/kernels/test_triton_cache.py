@@ -46,3 +46,16 @@ def test_an_assembler_the_user_set_is_kept(tmp_path):
     mine.write_text("#!/bin/sh\n")
     mine.chmod(0o755)
     assert _run(PTXAS_BY_KOPT, TRITON_PTXAS_PATH=str(mine)) == [str(mine)]
+
+
+def test_import_kopt_applies_inductors_rule_before_any_compile(tmp_path):
+    """Where torch ships no ptxas (this CPU wheel) both choices above are Triton's own: here Inductor's
+    rule is replaced, in the child, by one that picks a ptxas of the test's, before ``import kopt``;
+    kopt's import must have applied it (doing nothing would leave the variable unset)."""
+    mine = tmp_path / "ptxas"
+    mine.write_text("#!/bin/sh\n")
+    mine.chmod(0o755)
+    code = ("import os; import torch._inductor.runtime.compile_tasks as tasks; "
+            f"tasks._set_triton_ptxas_path = lambda: os.environ.setdefault('TRITON_PTXAS_PATH', {str(mine)!r}); "
+            + PTXAS_BY_KOPT)
+    assert _run(code) == [str(mine)]
