@@ -53,15 +53,35 @@ _MISSING = object()
 _CONSTANTS = (type(None), bool, int, float, str)
 
 
-def _encode(value: Any) -> tuple | None:
-    """How the op carries one argument, or None if it cannot."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor",)
-    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
-        return ("tensors", type(value).__name__, len(value))
-    if isinstance(value, _CONSTANTS):  # with its type: True == 1, and a call with either is another call
-        return ("constant", type(value).__name__, value)
-    return None
+_TENSOR = ("tensor",)
+
+
+def _encoded(values: Sequence[Any], tensors: list[torch.Tensor]) -> list[tuple | None]:
+    """How the op carries each of ``values`` (None where it cannot), their tensors appended to
+    ``tensors`` in order.
+
+    Dynamo steps through this at every block call of the model it traces (57 in FLUX.1), so it is
+    one function of plain loops: each generator expression or helper is a nested trace of its own
+    (tiny FLUX.1 with 57 blocks on the CPU: 46.5k bytecode steps traced, 29k of them in this
+    encoding's earlier form of helpers and generators; 32.8k in this one)."""
+    codes: list[tuple | None] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            codes.append(_TENSOR)
+            tensors.append(value)
+        elif isinstance(value, _CONSTANTS):  # with its type: True == 1, and a call with either is another call
+            codes.append(("constant", type(value).__name__, value))
+        elif isinstance(value, (tuple, list)):
+            code: tuple | None = ("tensors", type(value).__name__, len(value))
+            for item in value:
+                if not isinstance(item, torch.Tensor):
+                    code = None
+            if code is not None:
+                tensors.extend(value)
+            codes.append(code)
+        else:
+            codes.append(None)
+    return codes
 
 
 def _kopt_block_call_with_arguments_no_op_carries(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -71,16 +91,6 @@ def _kopt_block_call_with_arguments_no_op_carries(block: nn.Module, *args: Any, 
 # a call whose arguments the op cannot carry (a dict, a cache object, a symbolic int): dynamo breaks the
 # graph at it, under this name in the report's graph breaks, and the block still runs its compiled code
 _call_as_written = torch.compiler.disable(_kopt_block_call_with_arguments_no_op_carries, recursive=False)
-
-
-def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (tuple, list)):
-            found.extend(value)
-    return found
 
 
 def _rebuild(structure: tuple, tensors: Sequence[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
@@ -282,13 +292,17 @@ def _opaque_forward(block: nn.Module, compiled: Callable[..., Any]) -> None:
     handle = _handle(block)
 
     def kopt_opaque_forward(*args: Any, **kwargs: Any) -> Any:
-        positional, named = tuple(_encode(a) for a in args), tuple((k, _encode(v)) for k, v in kwargs.items())
-        if None in positional or any(code is None for _, code in named):
+        tensors: list[torch.Tensor] = []
+        codes = _encoded([*args, *kwargs.values()], tensors)
+        if None in codes:
             return _call_as_written(block, *args, **kwargs)
-        structure = (positional, named)
+        structure = (tuple(codes[:len(args)]), tuple(zip(kwargs, codes[len(args):])))
         variant = _variant(handle, structure)
-        outs = torch.ops.kopt.opaque_block(handle, variant, _tensors([*args, *kwargs.values()]))
-        return _laid_out(outs, _layout(handle, variant))
+        outs = torch.ops.kopt.opaque_block(handle, variant, tensors)
+        layout = _layout(handle, variant)
+        if layout is None:
+            return outs[0]
+        return _laid_out(outs, layout)
 
     block.forward = kopt_opaque_forward
     _never_a_frame_of_its_own(kopt_opaque_forward.__code__)

@@ -339,10 +339,23 @@ def test_a_loop_dynamo_runs_as_written_still_calls_each_block_through_its_graph(
 def test_a_constant_argument_is_carried_with_its_type():
     """``True == 1`` in Python: a call with ``flag=1`` after one with ``flag=True`` is another call (its
     block may branch on ``flag is True``), so the op records a call structure per type."""
-    from kopt.opaque_blocks import _encode
+    from kopt.opaque_blocks import _encoded
 
-    assert _encode(True) != _encode(1) and _encode(1.0) != _encode(1)
-    assert _encode(None) == ("constant", "NoneType", None) and _encode({"a": 1}) is None
+    codes = _encoded([True, 1, 1.0, None, {"a": 1}], [])
+    assert codes[0] != codes[1] and codes[2] != codes[1]
+    assert codes[3] == ("constant", "NoneType", None) and codes[4] is None
+
+
+def test_the_encoding_collects_the_tensors_in_argument_order():
+    """The op's tensors are the call's tensors in argument order, a tuple's items in place; a tuple with
+    anything but tensors cannot be carried (and adds none of its tensors)."""
+    from kopt.opaque_blocks import _encoded
+
+    a, b, c, d = (torch.randn(2) for _ in range(4))
+    tensors: list[torch.Tensor] = []
+    codes = _encoded([a, (b, c), 3, [d], (a, 2)], tensors)
+    assert codes == [("tensor",), ("tensors", "tuple", 2), ("constant", "int", 3), ("tensors", "list", 1), None]
+    assert [id(t) for t in tensors] == [id(a), id(b), id(c), id(d)]
 
 
 @pytest.mark.gpu
