@@ -296,7 +296,7 @@ def _opaque_forward(block: nn.Module, compiled: Callable[..., Any]) -> None:
         codes = _encoded([*args, *kwargs.values()], tensors)
         if None in codes:
             return _call_as_written(block, *args, **kwargs)
-        structure = (tuple(codes[:len(args)]), tuple(zip(kwargs, codes[len(args):])))
+        structure = (tuple(codes[:len(args)]), tuple(zip(kwargs, codes[len(args):], strict=True)))
         variant = _variant(handle, structure)
         outs = torch.ops.kopt.opaque_block(handle, variant, tensors)
         layout = _layout(handle, variant)
