@@ -33,6 +33,7 @@ from kopt.errors import LoweringCheckFailed, VerificationFailed, WeightsChangedE
 from kopt.fx.aliasing import writes_in_place
 from kopt.fx.capture import CapturedGraph, CaptureUnsupported, capture
 from kopt.fx.float32_stage import Float32Stage, computed_in_float32
+from kopt.fx.fusion_work import fusion_work, nothing_to_fuse
 from kopt.fx.precision_hazards import PrecisionHazard, find_precision_hazards
 from kopt.fx.roles import InputRole, classify_inputs
 from kopt.fx.staged_program import BothStages, MemoStats, StagedProgram, StageSplit, split_stages
@@ -233,18 +234,19 @@ class CompiledGraph:
         frontier = graph_module.meta.get(HOIST_KEY)
         static = binding.weight_inputs
         if not frontier:
-            return self._replayed(self._lower(graph_module, user_args, lowering), user_args, static)
+            return self._replayed(self._lower(graph_module, user_args, self._per_call_lowering(graph_module, lowering)),
+                                  user_args, static)
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(self._lower(graph_module, user_args, lowering), user_args, static)
+            return self._replayed(self._lower(graph_module, user_args, self._per_call_lowering(graph_module, lowering)),
+                                  user_args, static)
         keys = [user_args[i] for i in split.key_positions]
         hoisted = list(split.invariant(*[concrete(k) for k in keys]))
         invariant = self._lower_invariant(split.invariant, keys, hoisted, self._invariant_cost(graph_module, split,
                                                                                               user_args), lowering)
-        log.info("graph %d: lowering the per-call stage", self.report.index)
-        lowered_main = self._lower(split.main, user_args + hoisted, lowering)
+        lowered_main = self._lower(split.main, user_args + hoisted, self._per_call_lowering(split.main, lowering))
         main = self._replayed(lowered_main, user_args + hoisted, static)
         # the memo's bypass runs both stages as one program: one recording, no launches in between
         both = self._replayed(BothStages(invariant, lowered_main, split.key_positions), user_args, static,
@@ -253,6 +255,23 @@ class CompiledGraph:
         self.staged = StagedProgram(invariant, main, split.key_positions, options.memo_entries, self.report.memo,
                                     weight_positions=split.weight_positions, both=both)
         return self.staged
+
+    def _per_call_lowering(self, main: torch.fx.GraphModule, lowering: Lowering) -> Lowering:
+        """How the per-call stage is lowered: as the rest, but a stage that calls blocks through
+        ``kopt::opaque_block`` and leaves Inductor nothing to fuse runs as FX (:mod:`kopt.fx.fusion_work`),
+        unless a precision hazard is in it (Inductor's fusion is what removes one)."""
+        if lowering is Lowering.INDUCTOR and holds_opaque_blocks(main):
+            work = fusion_work(main)
+            names = {node.name for node in main.graph.nodes}
+            hazards = [h.node for h in self.report.hazards if h.node in names]
+            if nothing_to_fuse(work) and not hazards:
+                note = (f"per-call stage run as FX, not lowered: besides its block calls, GEMMs and kopt's kernels, "
+                        f"{work.describe()}: nothing for Inductor to fuse")
+                self.report.lowering += f" ({note})"
+                log.info("graph %d: %s", self.report.index, note)
+                return Lowering.EAGER
+        log.info("graph %d: lowering the per-call stage", self.report.index)
+        return lowering
 
     @staticmethod
     def _invariant_cost(graph_module: torch.fx.GraphModule, split: StageSplit,

@@ -1,0 +1,95 @@
+"""What Inductor would generate code for in a graph, and when that is too little to be worth lowering.
+
+A model's code between its blocks, compiled with the blocks as ops (``between_blocks="compiled"``,
+:mod:`kopt.opaque_blocks`), is mostly block calls, GEMMs and kopt's kernels; what remains for
+Inductor's own kernels is a handful of pointwise ops on vectors (FLUX.1's per-call stage: two SiLUs
+and three bias adds on ``[1, 3072]``). Lowering it costs seconds of a cold compile (Inductor's
+start-up and lowering: 6.6 s of FLUX.1 FP8's 25.5 s on an H100), and buys at most what fusing those
+ops saves: the memory traffic of what they write, and a launch per op when the stage is not replayed
+from a CUDA graph.
+
+:func:`fusion_work` counts that work: every op but views (outputs aliasing inputs), kopt's ops,
+``getitem`` and the ops Inductor hands to a library anyway (GEMMs, convolutions, attention), with
+the bytes its outputs hold. :func:`nothing_to_fuse` holds when both are small: at most
+:data:`MAX_OPS` ops writing at most :data:`MAX_BYTES` (read back and written, about 10 µs of an
+H100's memory bandwidth).
+Valid because running such a graph op by op computes what the verification already judged (the
+rewritten graph op by op), and the time it can lose is bounded by those two numbers. A symbolic or
+unrecorded size counts as large: the work could be anything.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+MAX_OPS = 32
+MAX_BYTES = 16 * 2**20
+LIBRARY_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution", "linear", "matmul",
+                         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                         "_scaled_dot_product_cudnn_attention", "scaled_dot_product_attention"})
+
+
+@dataclass(frozen=True)
+class FusionWork:
+    """The ops Inductor would generate kernels for, and the bytes they write (None: a symbolic size)."""
+
+    ops: int
+    bytes: int | None
+
+    def describe(self) -> str:
+        written = "a symbolic size" if self.bytes is None else f"{self.bytes / 2**10:,.1f} KiB"
+        return f"{self.ops} ops writing {written}"
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    return any(ret.alias_info is not None for ret in op._schema.returns)
+
+
+def _generates_code(node: torch.fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or target is operator.getitem:
+        return False
+    if not isinstance(target, torch._ops.OpOverload):
+        return True  # a Python function or an op packet: Inductor's to lower
+    if target.namespace == "kopt":
+        return False
+    return target._schema.name.split("::")[-1] not in LIBRARY_OPS and not _is_view(target)
+
+
+def _bytes(value: object) -> int | None:
+    if isinstance(value, torch.Tensor):
+        if any(isinstance(s, torch.SymInt) for s in value.shape):
+            return None
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        total = 0
+        for item in value:
+            size = _bytes(item)
+            if size is None:
+                return None
+            total += size
+        return total
+    return 0
+
+
+def fusion_work(graph_module: torch.fx.GraphModule) -> FusionWork:
+    """The ops of ``graph_module`` Inductor would generate code for and what they write (module docstring)."""
+    ops, written = 0, 0
+    for node in graph_module.graph.nodes:
+        if not _generates_code(node):
+            continue
+        ops += 1
+        size = _bytes(node.meta["val"]) if "val" in node.meta else None
+        if size is None or written is None:
+            written = None
+        else:
+            written += size
+    return FusionWork(ops, written)
+
+
+def nothing_to_fuse(work: FusionWork) -> bool:
+    """Whether ``work`` is too little for lowering to pay (module docstring)."""
+    return work.ops <= MAX_OPS and work.bytes is not None and work.bytes <= MAX_BYTES
