@@ -91,6 +91,7 @@ def test_a_compiled_models_small_stage_is_computed_in_float32_and_said_so():
     assert rel_err(again, first) < 1e-3  # the memo's hit gives the stage's values back
     assert rel_err(first, exact) * 4 < rel_err(eager, exact)
     assert "per-call stage run as FX, not lowered" in outer.lowering  # nothing in it for Inductor to fuse
+    assert "nothing in this graph was lowered" in outer.lowering_check.note  # so no lowering to check
     compiled.undo()
 
 
