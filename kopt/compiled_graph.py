@@ -261,6 +261,7 @@ class CompiledGraph:
         """How the per-call stage is lowered: as the rest, but a stage that calls blocks through
         ``kopt::opaque_block`` and leaves Inductor nothing to fuse runs as FX (:mod:`kopt.fx.fusion_work`),
         unless a precision hazard is in it (Inductor's fusion is what removes one)."""
+        why = ""
         if lowering is Lowering.INDUCTOR and holds_opaque_blocks(main):
             work = fusion_work(main)
             names = {node.name for node in main.graph.nodes}
@@ -271,7 +272,8 @@ class CompiledGraph:
                 self.report.lowering += f" ({note})"
                 log.info("graph %d: %s", self.report.index, note)
                 return Lowering.EAGER
-        log.info("graph %d: lowering the per-call stage", self.report.index)
+            why = f" (precision hazards at {', '.join(hazards)})" if hazards else f" ({work.describe()} to fuse)"
+        log.info("graph %d: lowering the per-call stage%s", self.report.index, why)
         return lowering
 
     @staticmethod

@@ -27,7 +27,7 @@ def test_only_the_ops_inductor_generates_code_for_are_counted_with_what_they_wri
 
 
 def test_a_stage_writing_much_or_many_ops_is_lowered():
-    big = fusion_work(_captured(width=1024, rows=4096))
+    big = fusion_work(_captured(width=1024, rows=16384))
     assert big.bytes is not None and big.bytes > MAX_BYTES and not nothing_to_fuse(big)
     assert not nothing_to_fuse(FusionWork(ops=1000, bytes=1024))
     assert not nothing_to_fuse(FusionWork(ops=1, bytes=None))  # a symbolic size could be anything

@@ -7,7 +7,8 @@
 For each model (full size: published config, random weights, built directly in bf16 on the GPU;
 batch 1, at the published resolution: kopt/workloads/<model>.py) and each variant, one transformer forward is
 timed (CUDA events, median of ``--repeats`` after ``--warmup``), with compile time (first call
-minus a normal call), peak memory, and relative error / cosine in float64 against a higher-precision
+minus a normal call; on a GPU after one tiny Inductor compile, so that the process's one-time start-up
+is charged to no variant: :mod:`benchmarks.dit.process_warmup`), peak memory, and relative error / cosine in float64 against a higher-precision
 reference of the same weights (``kopt.reference``: fp32 on a GPU, fp64 on the CPU; eager's own row
 says how far eager bf16 is from it) and against eager (``*_vs_eager``). Eager,
 torch.compile and kopt also get a CFG-pair row (conditional + unconditional call, fresh timestep
@@ -52,6 +53,7 @@ from benchmarks.dit.measure import (
     free_compiled_state,
     synchronize,
 )
+from benchmarks.dit.process_warmup import warm_up_process
 from benchmarks.dit.variants import Prepared, Setup, Variant, all_variants, select
 from benchmarks.dit.warm_compile import NOT_COMPILED, caches_note, in_fresh_process, needs_the_device_alone
 from kopt.kernels import _autotune
@@ -497,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"dit benchmark: size={args.size} device={device} dtype={args.dtype} models={args.models} "
         f"variants={results['variants']} out={args.out}")
     with torch.no_grad():
+        if device.type == "cuda":  # the process's one-time Inductor start-up, charged to no variant
+            results["process_warmup_s"] = warm_up_process(device)
+            log(f"process warm-up (one tiny Inductor compile: imports, compile workers): "
+                f"{results['process_warmup_s']:.1f} s")
         if not args.no_ceilings:
             results["ceilings"] = measure_ceilings(device)
             log(f"ceilings: {results['ceilings']}")
