@@ -8,7 +8,8 @@ For each model (full size: published config, random weights, built directly in b
 batch 1, at the published resolution: kopt/workloads/<model>.py) and each variant, one transformer forward is
 timed (CUDA events, median of ``--repeats`` after ``--warmup``), with compile time (first call
 minus a normal call; on a GPU after one tiny Inductor compile, so that the process's one-time start-up
-is charged to no variant: :mod:`benchmarks.dit.process_warmup`), peak memory, and relative error / cosine in float64 against a higher-precision
+is charged to no variant: :mod:`benchmarks.dit.process_warmup`), peak memory, and relative error /
+cosine in float64 against a higher-precision
 reference of the same weights (``kopt.reference``: fp32 on a GPU, fp64 on the CPU; eager's own row
 says how far eager bf16 is from it) and against eager (``*_vs_eager``). Eager,
 torch.compile and kopt also get a CFG-pair row (conditional + unconditional call, fresh timestep
