@@ -103,6 +103,7 @@ class CompiledGraph:
         self.staged: StagedProgram | None = None
         self.report.weights = {}
         self._shared_bytes = 0
+        self._lowered_stages = 0  # stages handed to a lowering (not run as FX), for _check_lowering
         start = time.perf_counter()
         log.info("graph %d: capturing %d nodes", self.report.index, len(self.dynamo_graph.graph.nodes))
         shape_env = None if in_dynamo else dynamo_shape_env(self.dynamo_graph)
@@ -220,7 +221,7 @@ class CompiledGraph:
                          lowering: Lowering | None = None) -> Callable[..., Any]:
         """Lower the rewritten graph; in two memoized stages if the staging pass marked a frontier.
         Lowered without autograd: kopt's graphs are for inference, and weights are now inputs."""
-        self._lowered_stages = 0  # stages handed to Inductor (or another lowering), for _check_lowering
+        self._lowered_stages = 0
         self._graph_patches = dict(rewritten.graph_module.meta.get(INDUCTOR_PATCHES_KEY) or {})
         if self._graph_patches:
             patched = ", ".join(f"{k}={v}" for k, v in self._graph_patches.items())
@@ -315,7 +316,7 @@ class CompiledGraph:
         """``graph_module`` lowered; symbolic graphs with fakes of their symbols (one kernel set for every size)."""
         patches = {**self.backend.options.inductor_options, **getattr(self, "_graph_patches", {})}
         if lowering is not Lowering.EAGER:
-            self._lowered_stages = getattr(self, "_lowered_stages", 0) + 1
+            self._lowered_stages += 1
         return lower(graph_module, lowering_examples(graph_module, inputs), lowering, patches)
 
     def _replayed(self, lowered: Callable[..., Any], inputs: list[Any], static: Sequence[int],
@@ -414,7 +415,7 @@ class CompiledGraph:
         writes = writes_in_place(self.dynamo_graph)
         captured, binding = self.captured, self.binding
         rewritten = captured is not None and binding is not None
-        if rewritten and not getattr(self, "_lowered_stages", 1):
+        if rewritten and not self._lowered_stages:
             # the per-call stage runs as FX, as verified, the step-invariant one (if any) in float32 under the
             # reference's own machinery: nothing a lowering could have changed is left to check
             self.report.lowering_check = LoweringCheck(
