@@ -235,15 +235,18 @@ class CompiledGraph:
         options = self.backend.options
         frontier = graph_module.meta.get(HOIST_KEY)
         static = binding.weight_inputs
+
+        def unstaged() -> Callable[..., Any]:
+            whole = self._per_call_lowering(graph_module, lowering, staged=False)
+            return self._replayed(self._lower(graph_module, user_args, whole), user_args, static)
+
         if not frontier:
-            return self._replayed(self._lower(graph_module, user_args, self._per_call_lowering(graph_module, lowering)),
-                                  user_args, static)
+            return unstaged()
         try:
             split = split_stages(graph_module, frontier)
         except KeyError as reason:  # a pass after staging removed a frontier value: run unstaged
             self.report.passes[-1].notes.append(f"step-invariant stage not split out: {reason}")
-            return self._replayed(self._lower(graph_module, user_args, self._per_call_lowering(graph_module, lowering)),
-                                  user_args, static)
+            return unstaged()
         keys = [user_args[i] for i in split.key_positions]
         hoisted = list(split.invariant(*[concrete(k) for k in keys]))
         invariant = self._lower_invariant(split.invariant, keys, hoisted, self._invariant_cost(graph_module, split,
@@ -258,10 +261,11 @@ class CompiledGraph:
                                     weight_positions=split.weight_positions, both=both)
         return self.staged
 
-    def _per_call_lowering(self, main: torch.fx.GraphModule, lowering: Lowering) -> Lowering:
-        """How the per-call stage is lowered: as the rest, but a stage that calls blocks through
-        ``kopt::opaque_block`` and leaves Inductor nothing to fuse runs as FX (:mod:`kopt.fx.fusion_work`),
-        unless a precision hazard is in it (Inductor's fusion is what removes one)."""
+    def _per_call_lowering(self, main: torch.fx.GraphModule, lowering: Lowering, staged: bool = True) -> Lowering:
+        """How the per-call stage (``staged``; else the whole graph) is lowered: as the rest, but one that
+        calls blocks through ``kopt::opaque_block`` and leaves Inductor nothing to fuse runs as FX
+        (:mod:`kopt.fx.fusion_work`), unless a precision hazard is in it (Inductor's fusion is what
+        removes one)."""
         why = ""
         if lowering is Lowering.INDUCTOR and holds_opaque_blocks(main):
             work = fusion_work(main)
@@ -274,7 +278,8 @@ class CompiledGraph:
                 log.info("graph %d: %s", self.report.index, note)
                 return Lowering.EAGER
             why = f" (precision hazards at {', '.join(hazards)})" if hazards else f" ({work.describe()} to fuse)"
-        log.info("graph %d: lowering the per-call stage%s", self.report.index, why)
+        if staged or why:
+            log.info("graph %d: lowering the %s%s", self.report.index, "per-call stage" if staged else "graph", why)
         return lowering
 
     @staticmethod
