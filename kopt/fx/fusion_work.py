@@ -8,9 +8,9 @@ start-up and lowering: 6.6 s of FLUX.1 FP8's 25.5 s on an H100), and buys at mos
 ops saves: the memory traffic of what they write, and a launch per op when the stage is not replayed
 from a CUDA graph.
 
-:func:`fusion_work` counts that work: every op but views (outputs aliasing inputs), kopt's ops,
-``getitem`` and the ops Inductor hands to a library anyway (GEMMs, convolutions, attention), with
-the bytes its outputs hold. :func:`nothing_to_fuse` holds when both are small: at most
+:func:`fusion_work` counts that work: every op but views and ``getitem``, kopt's ops and the
+ops Inductor hands to a library anyway (GEMMs, attention), as :func:`kopt.fx.graph_utils.op_kind`
+sorts them for the report, with the bytes its outputs hold. :func:`nothing_to_fuse` holds when both are small: at most
 :data:`MAX_OPS` ops writing at most :data:`MAX_BYTES`. FLUX.1 FP8's per-call stage at 1024² is 28 ops
 writing 34 MiB, most of it the FP8 quantization of the 512 text tokens' states (float32 copies, absolute
 values, scaled and clamped): fused, those bytes would not be written and read again, about 20 µs of an
@@ -23,17 +23,15 @@ unrecorded size counts as large: the work could be anything.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
 
+from kopt.fx.graph_utils import op_kind
+
 MAX_OPS = 32
 MAX_BYTES = 64 * 2**20
-LIBRARY_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution", "linear", "matmul",
-                         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                         "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                         "scaled_dot_product_attention"})
+NO_CODE_OF_ITS_OWN = frozenset({"gemm", "attention", "view", "kopt"})  # kinds of kopt.fx.graph_utils.op_kind
 
 
 @dataclass(frozen=True)
@@ -48,19 +46,13 @@ class FusionWork:
         return f"{self.ops} ops writing {written}"
 
 
-def _is_view(op: torch._ops.OpOverload) -> bool:
-    return any(ret.alias_info is not None for ret in op._schema.returns)
-
-
 def _generates_code(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
     target = node.target
-    if node.op != "call_function" or target is operator.getitem:
-        return False
-    if not isinstance(target, torch._ops.OpOverload):
-        return True  # a Python function or an op packet: Inductor's to lower
-    if target.namespace == "kopt":
-        return False
-    return target._schema.name.split("::")[-1] not in LIBRARY_OPS and not _is_view(target)
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "kopt":
+        return False  # before op_kind: it calls a kopt norm kernel "norm"
+    return op_kind(node) not in NO_CODE_OF_ITS_OWN
 
 
 def _bytes(value: object) -> int | None:
